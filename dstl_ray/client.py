@@ -1,0 +1,231 @@
+"""``StateChangelogClient``: attaches a job's writers to the nearest node actor
+(FLIP-158 "API": StateChangelogClient.createWriter)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import re
+import threading
+import uuid
+from typing import Any
+
+from .config import ChangelogConfig
+from .errors import ConfigError, NodeUnavailableError
+from .format import FILE_SUFFIX, assemble_file
+from .handle import Segment
+from .keygroups import KeyGroupRange
+from .messages import PersistRequest, Transport
+from .storage import get_storage, join, normalize_url
+from .upload import Uploader
+from .writer import StateChangelogWriter
+
+log = logging.getLogger(__name__)
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+        raise ConfigError(f"job id must match {_JOB_ID.pattern} (it names a directory), "
+                          f"got {job_id!r}")
+    return job_id
+
+
+def ensure_ray(namespace: str, address: str | None = None) -> None:
+    """Connect this process to the Ray cluster if it is not connected yet."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
+                 namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+
+
+class RayNodeTransport:
+    """Writers of one client talk to the nearest ``ChangelogNode`` actor. If that actor dies
+    (Ray restarts it), the transport finds it again and re-registers its writers."""
+
+    def __init__(self, job_id: str, namespace: str, node_name: str | None = None) -> None:
+        self.job_id = job_id
+        self.namespace = namespace
+        self._pinned = node_name
+        self._lock = threading.Lock()
+        self._logs: set[str] = set()
+        self._stale = True
+        self.node_name = ""
+        self.chosen_by = ""
+        self._handle: Any = None
+        self._connect()
+        info = self._call(self._handle.info.remote())
+        self.base_path: str = info["base_path"]
+        self.config = ChangelogConfig.from_dict(info["config"])
+        self.job_path = join(self.base_path, job_id)
+
+    @staticmethod
+    def _call(ref: Any, timeout: float = 60.0) -> Any:
+        import ray
+
+        return ray.get(ref, timeout=timeout)
+
+    def _connect(self) -> None:
+        import ray
+
+        from topology.discovery import find_nearest_node
+
+        if self._pinned:
+            self.node_name, self.chosen_by = self._pinned, "pinned"
+            try:
+                self._handle = ray.get_actor(self._pinned, namespace=self.namespace)
+            except ValueError:
+                raise NodeUnavailableError(f"no node actor {self._pinned!r}") from None
+        else:
+            self.node_name, self._handle, self.chosen_by = find_nearest_node(self.namespace)
+        self._stale = False
+
+    def _ensure(self) -> Any:
+        with self._lock:
+            if self._stale:
+                self._connect()
+                for lg in self._logs:
+                    self._call(self._handle.register_writer.remote(lg, self.job_id))
+            return self._handle
+
+    def register(self, log_id: str) -> None:
+        h = self._ensure()
+        self._call(h.register_writer.remote(log_id, self.job_id))
+        with self._lock:
+            self._logs.add(log_id)
+
+    def unregister(self, log_id: str) -> None:
+        with self._lock:
+            self._logs.discard(log_id)
+        try:
+            self._ensure().unregister_writer.remote(log_id)
+        except Exception as e:  # noqa: BLE001 - best effort on close
+            log.debug("unregister of %s failed: %s", log_id, e)
+
+    def send(self, request: PersistRequest) -> concurrent.futures.Future[Segment]:
+        import ray
+
+        h = self._ensure()
+        fut = h.persist.remote(request).future()
+
+        def check(f: concurrent.futures.Future) -> None:
+            e = f.exception()
+            if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+                with self._lock:
+                    self._stale = True  # find the (restarted) node again next time
+
+        fut.add_done_callback(check)
+        return fut
+
+    def release(self, segment: Segment, log_id: str, used: bool) -> None:
+        import ray
+
+        try:
+            node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
+            node.release.remote(self.job_id, segment.path, log_id, used)
+        except Exception as e:  # noqa: BLE001 - orphan cleanup after recovery covers it
+            log.debug("release of %s failed: %s", segment.path, e)
+
+
+class DirectTransport:
+    """No tree: every persist request becomes its own file, written from this process.
+
+    Used by unit tests (with ``memory://``) and as the ``direct`` baseline of experiments.
+    """
+
+    def __init__(self, job_id: str, base_path: str, config: ChangelogConfig | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        self.job_id = check_job_id(job_id)
+        self.config = config or ChangelogConfig()
+        self.base_path = normalize_url(base_path)
+        self.job_path = join(self.base_path, job_id)
+        self.storage = get_storage(self.base_path, storage_options)
+        self.uploader = Uploader(self.storage, self.config)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+        self.node_key = f"direct-{os.getpid()}"
+        self.files: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, log_id: str) -> None:
+        pass
+
+    def unregister(self, log_id: str) -> None:
+        pass
+
+    def send(self, request: PersistRequest) -> concurrent.futures.Future[Segment]:
+        def write() -> Segment:
+            data, (off,) = assemble_file([request.section])
+            rel = f"dstl/{self.node_key}/{uuid.uuid4().hex}{FILE_SUFFIX}"
+            self.uploader.write(join(self.job_path, rel), data)
+            with self._lock:
+                self.files[rel] = {request.log_id}
+            s = request.section
+            return Segment(rel, off, len(s.data), s.sqn_min, s.sqn_max, self.node_key)
+
+        return self._pool.submit(write)
+
+    def release(self, segment: Segment, log_id: str, used: bool) -> None:
+        with self._lock:
+            logs = self.files.get(segment.path)
+            if logs is None:
+                return
+            logs.discard(log_id)
+            if logs:
+                return
+            del self.files[segment.path]
+        if not used:
+            self.storage.delete(join(self.job_path, segment.path))
+
+
+class StateChangelogClient:
+    """Scoped to one job on one process; creates writers attached to the nearest node actor.
+
+    >>> client = StateChangelogClient("job-1")              # doctest: +SKIP
+    >>> writer = client.create_writer("op", KeyGroupRange(0, 127))  # doctest: +SKIP
+    """
+
+    def __init__(self, job_id: str, *, namespace: str | None = None,
+                 address: str | None = None, node: str | None = None,
+                 transport: Transport | None = None) -> None:
+        self.job_id = check_job_id(job_id)
+        if transport is None:
+            ns = namespace or ChangelogConfig.from_env().namespace
+            ensure_ray(ns, address)
+            transport = RayNodeTransport(job_id, ns, node)
+        self.transport = transport
+        self._writers: list[StateChangelogWriter] = []
+
+    @property
+    def job_path(self) -> str:
+        return self.transport.job_path
+
+    @property
+    def config(self) -> ChangelogConfig:
+        return self.transport.config
+
+    @property
+    def node_name(self) -> str:
+        return getattr(self.transport, "node_name", "")
+
+    def create_writer(self, operator_id: str, key_group_range: KeyGroupRange
+                      ) -> StateChangelogWriter:
+        """A new writer (log) with a fresh, unique LogID for ``operator_id``'s backend."""
+        if not isinstance(operator_id, str) or not operator_id:
+            raise ConfigError(f"operator_id must be a non-empty str, got {operator_id!r}")
+        w = StateChangelogWriter(self.transport, self.job_id, operator_id, key_group_range)
+        self._writers.append(w)
+        return w
+
+    def close(self) -> None:
+        for w in self._writers:
+            w.close()
+        self._writers.clear()
+
+    def __enter__(self) -> StateChangelogClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

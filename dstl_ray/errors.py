@@ -1,0 +1,66 @@
+"""Exceptions raised by dstl-ray. Every error derives from :class:`DstlError`."""
+
+from __future__ import annotations
+
+
+class DstlError(Exception):
+    """Base class of every error raised by dstl-ray."""
+
+
+class ConfigError(DstlError, ValueError):
+    """A configuration option has a bad value; the message names the option and its range."""
+
+
+class WriterClosedError(DstlError):
+    """The writer was closed; no appends or persist requests are possible any more."""
+
+
+class KeyGroupError(DstlError, ValueError):
+    """A key group is outside the writer's (or backend's) key group range."""
+
+
+class InvalidValueError(DstlError, TypeError):
+    """An appended value is not ``bytes``."""
+
+
+class SqnError(DstlError, ValueError):
+    """A sequence number lies outside what the writer has handed out."""
+
+
+class FormatError(DstlError):
+    """A changelog file (or section of it) is torn, corrupt or of an unknown version.
+
+    The message names the file and the byte offset where decoding failed.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None):
+        where = ""
+        if path is not None:
+            where += f" in {path}"
+        if offset is not None:
+            where += f" at offset {offset}"
+        super().__init__(f"{message}{where}")
+        self.path = path
+        self.offset = offset
+
+
+class HandleError(DstlError, ValueError):
+    """A persisted handle or metadata document is malformed or unsafe (e.g. a path escaping
+    the job's base path)."""
+
+
+class StorageError(DstlError):
+    """A DFS call failed (after retries); the message names the file and the cause."""
+
+
+class PersistError(DstlError):
+    """A ``persist_durably`` request could not be made durable. The changes are still held by
+    the writer; the checkpoint that asked must be declined, and a later one may succeed."""
+
+
+class NodeUnavailableError(DstlError):
+    """No changelog node actor could be reached (not deployed, or dead)."""
+
+
+class CheckpointError(DstlError):
+    """A checkpoint could not be completed or restored."""

@@ -1,0 +1,43 @@
+"""Values that travel between writers and node actors, and the transport a writer uses."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass
+from typing import Protocol
+
+from .config import ChangelogConfig
+from .format import EncodedSection
+from .handle import Segment
+
+
+@dataclass(frozen=True)
+class PersistRequest:
+    """ONE request of one writer: its encoded changesets not yet uploaded (design.md step 2)."""
+
+    job_id: str
+    section: EncodedSection
+    source: str  # the sender as its node counts it: a log id (hex) or a child node's name
+
+    @property
+    def size(self) -> int:
+        return len(self.section.data)
+
+    @property
+    def log_id(self) -> str:
+        return self.section.log_id.hex()
+
+
+class Transport(Protocol):
+    """How a writer reaches DFS: a node actor of the tree, or direct uploads."""
+
+    job_path: str
+    config: ChangelogConfig
+
+    def register(self, log_id: str) -> None: ...
+
+    def unregister(self, log_id: str) -> None: ...
+
+    def send(self, request: PersistRequest) -> concurrent.futures.Future[Segment]: ...
+
+    def release(self, segment: Segment, log_id: str, used: bool) -> None: ...
