@@ -147,7 +147,7 @@ class FsspecStorage:
         return rest if proto != "memory" else "/" + rest.lstrip("/")
 
     def _url(self, p: str) -> str:
-        return f"{self.protocol}://{p.lstrip('/') if self.protocol != 'memory' else p}"
+        return f"{self.protocol}://{p.lstrip('/')}"
 
     def write_file(self, path: str, data: bytes) -> None:
         try:

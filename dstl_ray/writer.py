@@ -191,12 +191,12 @@ class StateChangelogWriter:
                                f"{self._truncated} were truncated already")
             needed = [s for s in self._changesets if s > after]
             unsent = [s for s in needed if s not in self._uploads]
-            if unsent:
-                self._send(unsent, preemptive=False)
+            new = self._send(unsent, preemptive=False) if unsent else None
             uploads: list[_Upload] = []
             for s in needed:
-                up = self._uploads[s]
-                if not uploads or uploads[-1] is not up and up not in uploads:
+                # (a failed send may already have dropped its sqns from self._uploads)
+                up = new if new is not None and s in new.sqns else self._uploads[s]
+                if up not in uploads:
                     uploads.append(up)
             for up in uploads:
                 up.used = True
@@ -298,6 +298,12 @@ class StateChangelogWriter:
             log.warning("cannot unregister writer %s: %s", self.log_id, e)
 
     # ------------------------------------------------------------------ introspection
+
+    def wait_uploads(self, timeout: float | None = None) -> None:
+        """Block until every upload started so far (pre-emptive ones included) finished."""
+        with self._lock:
+            futures = {id(u): u.future for u in self._uploads.values()}.values()
+        concurrent.futures.wait(list(futures), timeout=timeout)
 
     @property
     def closed(self) -> bool:

@@ -1,0 +1,58 @@
+"""Shared helpers of the experiments: argument parsing, percentiles, writing JSON + PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--quick", action="store_true", help="a CI-sized run")
+    p.add_argument("--out", default=RESULTS, help="directory for NAME.json and NAME.png")
+    return p
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(q / 100 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "p50": percentile(values, 50), "p90": percentile(values, 90),
+            "p99": percentile(values, 99), "max": max(values) if values else float("nan")}
+
+
+def machine() -> dict[str, Any]:
+    return {"python": platform.python_version(), "cpus": os.cpu_count(),
+            "platform": platform.platform(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def write_results(name: str, data: dict[str, Any], fig: Any, out: str = RESULTS) -> str:
+    os.makedirs(out, exist_ok=True)
+    data = {"experiment": name, "machine": machine(), **data}
+    path = os.path.join(out, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+    fig.savefig(os.path.join(out, f"{name}.png"), dpi=110, bbox_inches="tight")
+    print(f"wrote {path} and {name}.png", flush=True)
+    return path
+
+
+def plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot

@@ -1,0 +1,95 @@
+"""Batching in one node actor (FLIP-158 "Implementation notes") on a real Ray cluster."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import ray
+
+from dstl_ray import KeyGroupRange, PersistError, StateChangelogClient, key_group_range_for_subtask
+
+
+def _dstl_files(root):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
+                  if f.endswith(".dstl"))
+
+
+def test_eight_writers_one_file_per_checkpoint(tree_factory, namespace, tmp_path):
+    # a long delay: the batch must go out because every registered writer is pending
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=5.0)
+    client = StateChangelogClient("job8", namespace=namespace)
+    writers = [client.create_writer(f"op{i}", key_group_range_for_subtask(64, 8, i))
+               for i in range(8)]
+    expected = [dict() for _ in writers]
+    handles = []
+    for cp in range(4):
+        for i, w in enumerate(writers):
+            for kg in w.key_group_range:
+                v = f"cp{cp}-w{i}-kg{kg}".encode()
+                w.append(kg, v)
+                expected[i].setdefault(kg, []).append(v)
+        t0 = time.monotonic()
+        handles = [f.result(timeout=30) for f in [w.persist_durably(0) for w in writers]]
+        assert time.monotonic() - t0 < 4.0, "batch waited for the delay"
+        assert len(_dstl_files(tmp_path / "dfs")) == cp + 1  # exactly ONE new file
+    for i, h in enumerate(handles):
+        assert h.read_all() == expected[i]
+        for kg in writers[i].key_group_range:
+            assert list(h.get_state_changes(kg)) == expected[i][kg]
+    root = [s for s in tree.status() if s["name"] == client.node_name][0]
+    assert root["files_flushed"] == 4 and root["batches"] == 4 and root["requests"] == 32
+    client.close()
+
+
+def test_persist_delay_sends_a_partial_batch(tree_factory, namespace, tmp_path):
+    tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.3)
+    client = StateChangelogClient("jobd", namespace=namespace)
+    w1 = client.create_writer("a", KeyGroupRange(0, 0))
+    client.create_writer("b", KeyGroupRange(0, 0))  # registered, never asks
+    w1.append(0, b"x")
+    t0 = time.monotonic()
+    h = w1.persist_durably(0).result(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert 0.25 <= elapsed < 5.0
+    assert list(h.get_state_changes(0)) == [b"x"]
+
+
+def test_size_threshold_sends_at_once(tree_factory, namespace, tmp_path):
+    tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=10.0,
+                 persist_size_threshold=1000)
+    client = StateChangelogClient("jobs", namespace=namespace)
+    w1 = client.create_writer("a", KeyGroupRange(0, 0))
+    client.create_writer("b", KeyGroupRange(0, 0))  # never asks: only size can trigger
+    w1.append(0, b"x" * 2000)
+    t0 = time.monotonic()
+    h = w1.persist_durably(0).result(timeout=30)
+    assert time.monotonic() - t0 < 5.0
+    assert list(h.get_state_changes(0)) == [b"x" * 2000]
+
+
+def test_node_actor_killed_fails_persist_and_next_checkpoint_succeeds(
+        tree_factory, namespace, tmp_path):
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=2.0)
+    client = StateChangelogClient("jobk", namespace=namespace)
+    w1 = client.create_writer("a", KeyGroupRange(0, 1))
+    client.create_writer("b", KeyGroupRange(0, 1))  # keeps the batch waiting
+    w1.append(0, b"before-kill")
+    fut = w1.persist_durably(0)
+    time.sleep(0.3)
+    ray.kill(tree.node(client.node_name), no_restart=False)  # Ray restarts it
+    with pytest.raises(PersistError):
+        fut.result(timeout=30)
+    w1.append(1, b"after-kill")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            h = w1.persist_durably(0).result(timeout=30)
+            break
+        except PersistError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    assert list(h.get_state_changes(0)) == [b"before-kill"]
+    assert list(h.get_state_changes(1)) == [b"after-kill"]
