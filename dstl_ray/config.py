@@ -74,6 +74,9 @@ class ChangelogConfig:
     hedge_quantile: float = _opt(
         0.0, "Hedge uploads slower than this quantile of recent latencies (0: hedging off).",
         0.0, 1.0)
+    membership_interval_s: float = _opt(
+        2.0, "How often the root checks Ray's node list: joined nodes get a node actor and "
+        "attach as leaves, a removed node's children re-attach (0: never).", 0.0, 3600.0)
     namespace: str = _opt("dstl_ray", "Ray namespace of the node actors.")
 
     def __post_init__(self) -> None:

@@ -20,10 +20,24 @@ class ChangelogTree:
     nodes: dict[str, Any]  # actor name -> handle
     root: str
 
+    def refresh(self) -> None:
+        """Pick up node actors created since (nodes that joined the Ray cluster)."""
+        import ray
+
+        from topology.discovery import list_node_actors
+
+        for name in list_node_actors(self.config.namespace):
+            if name not in self.nodes:
+                try:
+                    self.nodes[name] = ray.get_actor(name, namespace=self.config.namespace)
+                except ValueError:
+                    pass
+
     def status(self) -> list[dict[str, Any]]:
         """Per node: level, parent, buffered bytes, files flushed, bytes forwarded, requests."""
         import ray
 
+        self.refresh()
         out = []
         for name, h in self.nodes.items():
             try:
@@ -39,7 +53,9 @@ class ChangelogTree:
         """Kill every node actor of the tree."""
         import ray
 
-        for h in self.nodes.values():
+        self.refresh()
+        # the root first: its membership watcher must not re-create nodes being stopped
+        for _, h in sorted(self.nodes.items(), key=lambda kv: kv[0] != self.root):
             try:
                 ray.get(h.shutdown.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - killing it anyway

@@ -76,6 +76,8 @@ class NodeCounters:
     forward_failures: int = 0
     flush_failures: int = 0
     files_deleted: int = 0
+    routed_direct: int = 0  # batches sent straight to an ancestor, skipping hops
+    route_failures: int = 0
 
 
 class ChangelogNode:
@@ -85,7 +87,7 @@ class ChangelogNode:
     """
 
     def __init__(self, node_id: str, name: str, base_path: str, config: ChangelogConfig,
-                 parent: str | None = None, level: int = 0) -> None:
+                 parent: str | None = None, level: int = 0, index: int = 0) -> None:
         self.node_id = node_id
         self.name = name
         self.node_key = check_relative_path(name)
@@ -104,8 +106,15 @@ class ChangelogNode:
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._budget: _ByteBudget | None = None
-        self._registered_with_parent = False
-        self._parent_handle: Any = None
+        self.index = index
+        self._registered_to: str | None = None  # upstream node we are a source of
+        self._handles: dict[str, Any] = {}
+        # up-front routing (FLIP-158 "Future directions"): the ancestor that flushed our last
+        # batch, used directly for the next ``routing_horizon`` batches
+        self._route: str | None = None
+        self._route_left = 0
+        self._order: list[str] | None = None  # root only: the tree's node order
+        self._watcher: asyncio.Task | None = None
         self._files: dict[str, tuple[set[str], list[bool]]] = {}  # path -> (logs, [kept])
 
     # ------------------------------------------------------------------ info
@@ -113,7 +122,7 @@ class ChangelogNode:
     async def info(self) -> dict[str, Any]:
         return {"name": self.name, "node_id": self.node_id, "base_path": self.base_path,
                 "config": self.config.to_dict(), "raylet_pid": self.raylet_pid,
-                "level": self.level, "parent": self.parent}
+                "level": self.level, "parent": self.parent, "index": self.index}
 
     async def ping(self) -> str:
         return self.name
@@ -131,60 +140,91 @@ class ChangelogNode:
             "bytes_flushed": c.bytes_flushed, "forwards": c.forwards,
             "bytes_forwarded": c.bytes_forwarded, "forward_failures": c.forward_failures,
             "flush_failures": c.flush_failures, "files_deleted": c.files_deleted,
+            "routed_direct": c.routed_direct, "route": self._route,
+            "route_left": self._route_left, "route_failures": c.route_failures,
+            "index": self.index,
             "upload_attempts": self._uploader.stats.attempts,
             "upload_retries": self._uploader.stats.retries,
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
         }
 
-    async def set_parent(self, parent: str | None, level: int) -> None:
-        """Re-attach (tree changes): later batches go to ``parent``."""
+    async def set_parent(self, parent: str | None, level: int, index: int | None = None
+                         ) -> None:
+        """Re-attach (tree changes): later batches go to ``parent``; any route is dropped."""
+        if index is not None:
+            self.index = index
         if parent != self.parent:
-            self._registered_with_parent = False
-            self._parent_handle = None
+            self._drop_route()
         self.parent, self.level = parent, level
-        await self._sync_parent_registration()
+        await self._sync_registration()
+        if parent is None:
+            self._start_watcher()
+
+    async def set_tree(self, order: list[str]) -> None:
+        """Root only: the node order the tree was built from (joins append to it)."""
+        self._order = list(order)
+        self._start_watcher()
+
+    async def tree_order(self) -> list[str] | None:
+        return self._order
 
     # ------------------------------------------------------------------ sources
 
     async def register_writer(self, log_id: str, job_id: str) -> None:
         self._writers[log_id] = job_id
-        await self._sync_parent_registration()
+        await self._sync_registration()
 
     async def unregister_writer(self, log_id: str) -> None:
         self._writers.pop(log_id, None)
         self._maybe_send_now()
-        await self._sync_parent_registration()
+        await self._sync_registration()
 
     async def register_source(self, child: str) -> None:
         self._children.add(child)
+        await self._sync_registration()
 
     async def unregister_source(self, child: str) -> None:
         self._children.discard(child)
         self._maybe_send_now()
+        await self._sync_registration()
 
     def _sources(self) -> set[str]:
         return set(self._writers) | self._children
 
-    async def _sync_parent_registration(self) -> None:
-        want = bool(self._sources()) and self.parent is not None
-        if want == self._registered_with_parent:
-            return
-        try:
-            parent = self._parent_actor()
-            if want:
-                await parent.register_source.remote(self.name)
-            else:
-                await parent.unregister_source.remote(self.name)
-            self._registered_with_parent = want
-        except Exception as e:  # noqa: BLE001 - a missing parent only costs batching delay
-            log.warning("%s: cannot (un)register with parent %s: %s", self.name, self.parent, e)
+    def _upstream(self) -> str | None:
+        return self._route if self._route_left > 0 else self.parent
 
-    def _parent_actor(self) -> Any:
-        if self._parent_handle is None:
+    async def _sync_registration(self) -> None:
+        """Be a registered source of whichever node our batches go to, so that node's
+        "every source is pending" trigger waits for us, and only for us while we send there."""
+        want = self._upstream() if self._sources() else None
+        have = self._registered_to
+        if want == have:
+            return
+        self._registered_to = want
+        try:
+            if have is not None:
+                await self._actor(have).unregister_source.remote(self.name)
+        except Exception as e:  # noqa: BLE001 - a dead upstream forgets us anyway
+            log.debug("%s: cannot unregister from %s: %s", self.name, have, e)
+        try:
+            if want is not None:
+                await self._actor(want).register_source.remote(self.name)
+        except Exception as e:  # noqa: BLE001 - a missing upstream only costs batching delay
+            self._registered_to = None
+            log.warning("%s: cannot register with %s: %s", self.name, want, e)
+
+    def _actor(self, name: str) -> Any:
+        h = self._handles.get(name)
+        if h is None:
             import ray
 
-            self._parent_handle = ray.get_actor(self.parent, namespace=self.config.namespace)
-        return self._parent_handle
+            h = ray.get_actor(name, namespace=self.config.namespace)
+            self._handles[name] = h
+        return h
+
+    def _drop_route(self) -> None:
+        self._route, self._route_left = None, 0
 
     # ------------------------------------------------------------------ persist
 
@@ -257,26 +297,55 @@ class ChangelogNode:
     async def _forward_or_flush(self, requests: list[PersistRequest], total: int
                                 ) -> list[Segment]:
         if self.parent is not None and total < self.config.flush_bytes:
+            target = self._upstream()
+            assert target is not None
             try:
-                segs = await self._forward(requests)
-                self.counters.forwards += 1
-                self.counters.bytes_forwarded += total
-                return segs
-            except Exception as e:  # noqa: BLE001 - parent unreachable: flush ourselves
+                segs = await self._forward(target, requests)
+            except Exception as e:  # noqa: BLE001 - upstream unreachable
+                self._handles.pop(target, None)
+                if target != self.parent:
+                    # any failure drops the routing decision; go the normal way once more
+                    self.counters.route_failures += 1
+                    log.warning("%s: routed send to %s failed (%s); back to parent %s",
+                                self.name, target, e, self.parent)
+                    self._drop_route()
+                    await self._sync_registration()
+                    return await self._forward_or_flush(requests, total)
                 self.counters.forward_failures += 1
-                self._parent_handle = None
-                self._registered_with_parent = False
+                self._registered_to = None
                 log.warning("%s: forwarding to %s failed (%s); flushing to DFS myself",
                             self.name, self.parent, e)
+                return await self._flush(requests)
+            self.counters.forwards += 1
+            self.counters.bytes_forwarded += total
+            if target != self.parent:
+                self.counters.routed_direct += 1
+                self._route_left -= 1
+                if self._route_left <= 0:
+                    self._drop_route()  # horizon used up: next batch goes via the parent
+                    await self._sync_registration()
+            else:
+                await self._learn_route(segs)
+            return segs
         return await self._flush(requests)
 
-    async def _forward(self, requests: list[PersistRequest]) -> list[Segment]:
-        parent = self._parent_actor()
+    async def _learn_route(self, segs: list[Segment]) -> None:
+        """Up-front routing: if an ancestor above our parent flushed this batch, send the
+        next ``routing_horizon`` batches straight to it; when the horizon is used up, go
+        through the parent again and decide anew."""
+        horizon = self.config.routing_horizon
+        flusher = segs[0].flushed_by if segs else None
+        if horizon > 0 and flusher and flusher not in (self.name, self.parent):
+            self._route, self._route_left = flusher, horizon
+            await self._sync_registration()
+
+    async def _forward(self, target: str, requests: list[PersistRequest]) -> list[Segment]:
         timeout = self.config.max_attempts * (self.config.upload_timeout_s
                                               + self.config.retry_delay_s) + 30.0
-        segs = await asyncio.wait_for(parent.persist_batch.remote(requests, self.name), timeout)
+        segs = await asyncio.wait_for(
+            self._actor(target).persist_batch.remote(requests, self.name), timeout)
         if len(segs) != len(requests):
-            raise DstlError(f"parent {self.parent} returned {len(segs)} segments for "
+            raise DstlError(f"{target} returned {len(segs)} segments for "
                             f"{len(requests)} requests")
         return segs
 
@@ -330,5 +399,27 @@ class ChangelogNode:
         self.counters.files_deleted += 1
         return True
 
+    # ------------------------------------------------------------------ membership (root)
+
+    def _start_watcher(self) -> None:
+        if (self.parent is None and self._watcher is None
+                and self.config.membership_interval_s > 0):
+            self._watcher = asyncio.get_running_loop().create_task(self._watch_membership())
+
+    async def _watch_membership(self) -> None:
+        """Root only: attach nodes that joined Ray as leaves; re-attach the children of
+        nodes that left (design.md "Terms": the tree is static between membership changes)."""
+        from topology.membership import reconcile
+
+        while self.parent is None:
+            await asyncio.sleep(self.config.membership_interval_s)
+            try:
+                self._order = await asyncio.to_thread(
+                    reconcile, self.base_path, self.config, self._order)
+            except Exception as e:  # noqa: BLE001 - try again next round
+                log.warning("%s: membership check failed: %s", self.name, e)
+
     async def shutdown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         self._uploader.close()
