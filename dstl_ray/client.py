@@ -33,11 +33,32 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
+def enable_token_auth_if_available() -> None:
+    """Ray 2.60 clusters use token authentication by default; a process that joins one (a
+    driver, a Spark Python worker, the CLI) must send the token. Turn token mode on when a
+    token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)
+    and the user did not choose a mode."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:  # what `ray start --address` itself does (it also refreshes Ray's cached config)
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    except ImportError:  # other Ray versions: the environment variable before ray.init
+        if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+                or os.path.exists(os.path.expanduser("~/.ray/auth_token"))):
+            os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def ensure_ray(namespace: str, address: str | None = None) -> None:
     """Connect this process to the Ray cluster if it is not connected yet."""
     import ray
 
     if not ray.is_initialized():
+        if address or os.environ.get("RAY_ADDRESS"):
+            enable_token_auth_if_available()
         ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
                  namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
 
