@@ -29,9 +29,11 @@ def test_inspect_summarizes(tmp_path, capsys):
 
 def test_inspect_corrupt_file_names_file_and_offset(tmp_path, capsys):
     _, path = _write(tmp_path)
-    data = bytearray(open(path, "rb").read())
+    from pathlib import Path
+
+    data = bytearray(Path(path).read_bytes())
     data[100] ^= 0x40
-    open(path, "wb").write(bytes(data))
+    Path(path).write_bytes(bytes(data))
     assert main(["inspect", path]) == 2
     err = capsys.readouterr().err
     assert path in err and "offset" in err and "CRC32C" in err
