@@ -87,7 +87,8 @@ class ChangelogNode:
     """
 
     def __init__(self, node_id: str, name: str, base_path: str, config: ChangelogConfig,
-                 parent: str | None = None, level: int = 0, index: int = 0) -> None:
+                 parent: str | None = None, level: int = 0, index: int = 0,
+                 height: int = 0) -> None:
         self.node_id = node_id
         self.name = name
         self.node_key = check_relative_path(name)
@@ -107,6 +108,10 @@ class ChangelogNode:
         self._timer: asyncio.TimerHandle | None = None
         self._budget: _ByteBudget | None = None
         self.index = index
+        self.height = height
+        # our last batch was big enough to flush ourselves: then our upstream should not
+        # wait for us (it is re-registered as soon as we forward again)
+        self._flushes_self = False
         self._registered_to: str | None = None  # upstream node we are a source of
         self._handles: dict[str, Any] = {}
         # up-front routing (FLIP-158 "Future directions"): the ancestor that flushed our last
@@ -142,17 +147,19 @@ class ChangelogNode:
             "flush_failures": c.flush_failures, "files_deleted": c.files_deleted,
             "routed_direct": c.routed_direct, "route": self._route,
             "route_left": self._route_left, "route_failures": c.route_failures,
-            "index": self.index,
+            "index": self.index, "height": self.height,
             "upload_attempts": self._uploader.stats.attempts,
             "upload_retries": self._uploader.stats.retries,
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
         }
 
-    async def set_parent(self, parent: str | None, level: int, index: int | None = None
-                         ) -> None:
+    async def set_parent(self, parent: str | None, level: int, index: int | None = None,
+                         height: int | None = None) -> None:
         """Re-attach (tree changes): later batches go to ``parent``; any route is dropped."""
         if index is not None:
             self.index = index
+        if height is not None:
+            self.height = height
         if parent != self.parent:
             self._drop_route()
         self.parent, self.level = parent, level
@@ -197,7 +204,7 @@ class ChangelogNode:
     async def _sync_registration(self) -> None:
         """Be a registered source of whichever node our batches go to, so that node's
         "every source is pending" trigger waits for us, and only for us while we send there."""
-        want = self._upstream() if self._sources() else None
+        want = self._upstream() if self._sources() and not self._flushes_self else None
         have = self._registered_to
         if want == have:
             return
@@ -251,8 +258,15 @@ class ChangelogNode:
         self._pending.append(item)
         self._pending_bytes += item.size
         if not self._maybe_send_now() and self._timer is None:
-            self._timer = loop.call_later(self.config.persist_delay_s, self._send_batch)
+            self._timer = loop.call_later(self._delay(), self._send_batch)
         return await item.future
+
+    def _delay(self) -> float:
+        """``persist_delay`` after the first pending request (FLIP-158 "Implementation
+        notes"), once per level below us: a child's batch cannot arrive before the child's
+        own delay, so a parent that waited only ``persist_delay`` would split checkpoints
+        into several files whenever some source is late."""
+        return self.config.persist_delay_s * (1 + self.height)
 
     def _maybe_send_now(self) -> bool:
         if not self._pending:
@@ -296,7 +310,13 @@ class ChangelogNode:
 
     async def _forward_or_flush(self, requests: list[PersistRequest], total: int
                                 ) -> list[Segment]:
-        if self.parent is not None and total < self.config.flush_bytes:
+        from topology.routing import should_flush
+
+        flush = should_flush(self.parent is not None, total, self.config.flush_bytes)
+        if self.parent is not None and flush != self._flushes_self:
+            self._flushes_self = flush
+            await self._sync_registration()
+        if not flush:
             target = self._upstream()
             assert target is not None
             try:

@@ -59,11 +59,12 @@ def place_tree(base_path: str, config: ChangelogConfig, order: list[str] | None 
         if detached:
             opts["lifetime"] = "detached"
         actor = RemoteChangelogNode.options(**opts).remote(
-            nid, names[nid], base_path, config, parent, pos.level, pos.index)
+            nid, names[nid], base_path, config, parent, pos.level, pos.index, pos.height)
         placed[nid] = (pos, actor)
     # (re-)attach: actors may exist already with another parent; children before parents
     for p, a in sorted(placed.values(), key=lambda pa: -pa[0].level):
-        ray.get(a.set_parent.remote(names[p.parent] if p.parent else None, p.level, p.index))
+        ray.get(a.set_parent.remote(names[p.parent] if p.parent else None, p.level, p.index,
+                                    p.height))
     root_pos, root = placed[order[0]]
     ray.get(root.set_tree.remote(list(order)))
     return placed

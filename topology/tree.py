@@ -19,6 +19,7 @@ class TreePosition:
     parent: str | None
     level: int
     children: tuple[str, ...]
+    height: int = 0  # levels below this node (0 for a leaf)
 
 
 def build_tree(order: Sequence[str], branching: int) -> dict[str, TreePosition]:
@@ -31,11 +32,15 @@ def build_tree(order: Sequence[str], branching: int) -> dict[str, TreePosition]:
     levels = [0] * n
     for i in range(1, n):
         levels[i] = levels[(i - 1) // branching] + 1
+    heights = [0] * n
+    for i in range(n - 1, 0, -1):  # children have larger indices than their parent
+        p = (i - 1) // branching
+        heights[p] = max(heights[p], heights[i] + 1)
     out = {}
     for i, node in enumerate(order):
         parent = order[(i - 1) // branching] if i else None
         kids = tuple(order[j] for j in range(i * branching + 1, min(n, (i + 1) * branching + 1)))
-        out[node] = TreePosition(node, i, parent, levels[i], kids)
+        out[node] = TreePosition(node, i, parent, levels[i], kids, heights[i])
     return out
 
 

@@ -1,0 +1,148 @@
+"""Planning past one machine: the tree at 10, 100 and 1,000 nodes, in simulation.
+
+    python -m experiments.tree_scale_sim [--quick]
+
+Uses the real tree-building (``topology.tree.build_tree``) and forward-or-flush decision
+(``topology.routing.should_flush``) with modelled latencies:
+
+* writers' persist requests reach their node with a skew uniform in [0, 5 ms];
+* a node sends its batch when every source arrived (the all-pending trigger), or after
+  ``persist_delay * (1 + height)`` from its first request;
+* a hop costs 0.5 ms + bytes / 1 GB/s; DFS put latency is drawn from the FLIP-158 S3 table for
+  5 MB objects (p50 459, p90 740, p95 833, p99 1039, p999 3202 ms), scaled by object size
+  (0.2 + 0.8 * min(1, size / 5 MB)) plus size beyond 5 MB at 50 MB/s;
+* handles return down the same hops.
+
+Modes: ``tree`` (branching b), ``per-node`` (every node flushes its own batch), ``direct``
+(every writer writes its own file). Reports files per checkpoint, hops to the flushing node,
+and checkpoint latency p50/p99 (the slowest writer of each checkpoint).
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+
+from topology.routing import should_flush
+from topology.tree import build_tree
+
+from .common import parser, percentile, plt, write_results
+
+FLIP_QUANTILES = [(0.0, 250.0), (0.5, 459.0), (0.9, 740.0), (0.95, 833.0), (0.99, 1039.0),
+                  (0.999, 3202.0), (1.0, 4500.0)]
+MB = 1 << 20
+
+
+def dfs_latency(rng: random.Random, size: int) -> float:
+    u = rng.random()
+    qs = [q for q, _ in FLIP_QUANTILES]
+    i = max(1, bisect.bisect_left(qs, u))
+    (q0, v0), (q1, v1) = FLIP_QUANTILES[i - 1], FLIP_QUANTILES[i]
+    base = v0 + (v1 - v0) * (u - q0) / (q1 - q0)
+    return base * (0.2 + 0.8 * min(1.0, size / (5 * MB))) + max(0, size - 5 * MB) / (50 * MB) \
+        * 1000
+
+
+def hop(size: int) -> float:
+    return 0.5 + size / 1e9 * 1000
+
+
+def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mode: str,
+             rng: random.Random, delay_ms: float = 10.0) -> tuple[int, float, int]:
+    """One checkpoint: (files, latency ms, max hops)."""
+    if mode == "direct":
+        lat = max(rng.uniform(0, 5) + dfs_latency(rng, per_writer) for _ in range(n * writers))
+        return n * writers, lat, 0
+    order = [f"n{i}" for i in range(n)]
+    tree = build_tree(order, b if mode == "tree" else n)
+    # bottom-up: children have larger indices than their parents
+    ready: dict[str, float] = {}
+    size: dict[str, int] = {}
+    incoming: dict[str, list[tuple[float, int, str]]] = {o: [] for o in order}
+    flushed_at: dict[str, float] = {}  # node -> time its handles are ready at that node
+    route: dict[str, str] = {}  # node -> node that flushed its data
+    files = 0
+    for name in reversed(order):
+        pos = tree[name]
+        own = [rng.uniform(0, 5) for _ in range(writers)]
+        arrivals = own + [t for t, _, _ in incoming[name]]
+        first = min(arrivals)
+        deadline = first + delay_ms * (1 + pos.height)
+        ready[name] = min(max(arrivals), deadline) if mode == "tree" else max(own)
+        size[name] = writers * per_writer + sum(s for _, s, _ in incoming[name])
+        has_parent = pos.parent is not None and mode == "tree"
+        if should_flush(has_parent, size[name], flush_bytes):
+            files += 1
+            flushed_at[name] = ready[name] + dfs_latency(rng, size[name])
+            route[name] = name
+        else:
+            incoming[pos.parent].append((ready[name] + hop(size[name]), size[name], name))
+    latency = 0.0
+    max_hops = 0
+    for name in order:  # top-down: handles travel back
+        pos = tree[name]
+        if name not in route:
+            parent = pos.parent
+            route[name] = route[parent]
+            flushed_at[name] = flushed_at[parent] + hop(64 * writers)
+        hops = tree[name].level - tree[route[name]].level
+        max_hops = max(max_hops, hops)
+        latency = max(latency, flushed_at[name])
+    return files, latency, max_hops
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    samples = 40 if args.quick else 200
+    sizes = [10, 100] if args.quick else [10, 100, 1000]
+    branchings = [2, 4, 8, 16, 32]
+    flush_bytes = 4 * MB
+    workloads = {"small": 10_000, "large": 2 * MB}  # bytes per writer per checkpoint
+    rng = random.Random(158)
+    rows = []
+    for wname, per_writer in workloads.items():
+        for n in sizes:
+            configs = [("direct", 0), ("per-node", 0)] + [("tree", b) for b in branchings]
+            for mode, b in configs:
+                runs = [simulate(n, b, 4, per_writer, flush_bytes, mode, rng)
+                        for _ in range(samples)]
+                lat = [r[1] for r in runs]
+                row = {"workload": wname, "nodes": n, "mode": mode, "branching": b,
+                       "files_per_checkpoint": sum(r[0] for r in runs) / samples,
+                       "max_hops": max(r[2] for r in runs),
+                       "latency_p50_ms": percentile(lat, 50),
+                       "latency_p99_ms": percentile(lat, 99)}
+                rows.append(row)
+                print(f"{wname:5} n={n:5} {mode:8} b={b:2}: {row['files_per_checkpoint']:7.1f} "
+                      f"files, hops {row['max_hops']}, p50 {row['latency_p50_ms']:7.0f} ms, "
+                      f"p99 {row['latency_p99_ms']:7.0f} ms", flush=True)
+    pyplot = plt()
+    fig, axes = pyplot.subplots(2, 2, figsize=(12, 8))
+    for col, wname in enumerate(workloads):
+        ax_f, ax_l = axes[0][col], axes[1][col]
+        for n in sizes:
+            rs = [r for r in rows if r["workload"] == wname and r["nodes"] == n
+                  and r["mode"] == "tree"]
+            ax_f.plot([r["branching"] for r in rs], [r["files_per_checkpoint"] for r in rs],
+                      marker="o", label=f"tree, {n} nodes")
+            ax_l.plot([r["branching"] for r in rs], [r["latency_p99_ms"] for r in rs],
+                      marker="o", label=f"tree p99, {n} nodes")
+            pn = next(r for r in rows if r["workload"] == wname and r["nodes"] == n
+                      and r["mode"] == "per-node")
+            ax_l.axhline(pn["latency_p99_ms"], ls="--", lw=0.8,
+                         color=ax_l.lines[-1].get_color(), label=f"per-node p99, {n} nodes")
+        ax_f.set_xscale("log", base=2)
+        ax_l.set_xscale("log", base=2)
+        ax_f.set_yscale("log")
+        ax_f.set_title(f"{wname} increments: files per checkpoint")
+        ax_l.set_title(f"{wname} increments: checkpoint latency p99 (ms)")
+        ax_l.set_xlabel("branching factor")
+        ax_f.legend(fontsize=7)
+        ax_l.legend(fontsize=7)
+    write_results("tree_scale_sim", {"quick": args.quick, "samples": samples,
+                                     "flush_bytes": flush_bytes, "workloads": workloads,
+                                     "writers_per_node": 4, "rows": rows}, fig, args.out)
+
+
+if __name__ == "__main__":
+    main()
