@@ -79,6 +79,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    from .trace_view import draw, load_spans
+
+    summary = draw(load_spans(args.spans), args.flush, args.out)
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -119,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("path")
     ins.add_argument("--json", action="store_true")
     ins.set_defaults(func=cmd_inspect)
+
+    tr = sub.add_parser("trace", help="draw one flush's path through the tree as a PNG, "
+                        "from spans exported with tracing=file:<dir>")
+    tr.add_argument("spans", help="the directory given as tracing=file:<dir>")
+    tr.add_argument("--flush", type=int, default=-1,
+                    help="which flush, in time order (default: the last)")
+    tr.add_argument("--out", default="dstl-trace.png")
+    tr.set_defaults(func=cmd_trace)
 
     demo = sub.add_parser("demo", help="run the main demo job on a local Ray cluster")
     demo.add_argument("--base-path", default=None, help="default: ./demo-data")

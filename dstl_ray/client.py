@@ -11,6 +11,7 @@ import threading
 import uuid
 from typing import Any
 
+from . import tracing
 from .config import ChangelogConfig
 from .errors import ConfigError, NodeUnavailableError
 from .format import FILE_SUFFIX, assemble_file
@@ -82,6 +83,7 @@ class RayNodeTransport:
         self.base_path: str = info["base_path"]
         self.config = ChangelogConfig.from_dict(info["config"])
         self.job_path = join(self.base_path, job_id)
+        tracing.configure(self.config.tracing)
 
     @staticmethod
     def _call(ref: Any, timeout: float = 60.0) -> Any:
@@ -161,6 +163,7 @@ class DirectTransport:
                  storage_options: dict[str, Any] | None = None) -> None:
         self.job_id = check_job_id(job_id)
         self.config = config or ChangelogConfig()
+        tracing.configure(self.config.tracing)
         self.base_path = normalize_url(base_path)
         self.job_path = join(self.base_path, job_id)
         self.storage = get_storage(self.base_path, storage_options)

@@ -77,6 +77,9 @@ class ChangelogConfig:
     membership_interval_s: float = _opt(
         2.0, "How often the root checks Ray's node list: joined nodes get a node actor and "
         "attach as leaves, a removed node's children re-attach (0: never).", 0.0, 3600.0)
+    tracing: str = _opt(
+        "off", "OpenTelemetry tracing of upload paths: off, console, otlp (OTEL_* variables), "
+        "memory (tests) or file:<dir> (JSON lines for dstl-ray trace).")
     namespace: str = _opt("dstl_ray", "Ray namespace of the node actors.")
 
     def __post_init__(self) -> None:
@@ -97,6 +100,12 @@ class ChangelogConfig:
             if spec.lo is not None and not (spec.lo <= value <= spec.hi):
                 raise ConfigError(
                     f"option {f.name} must be in [{spec.lo:g}, {spec.hi:g}], got {value!r}")
+        from .tracing import check_mode
+
+        try:
+            check_mode(self.tracing)
+        except ValueError as e:
+            raise ConfigError(f"option tracing: {e}") from None
         if not self.namespace:
             raise ConfigError("option namespace must not be empty")
 

@@ -18,6 +18,7 @@ class PersistRequest:
     job_id: str
     section: EncodedSection
     source: str  # the sender as its node counts it: a log id (hex) or a child node's name
+    trace: tuple[tuple[str, str], ...] = ()  # W3C trace context of the sender's span
 
     @property
     def size(self) -> int:

@@ -12,6 +12,7 @@ flushes itself: slower, never lost, never stuck. Handles (segments) travel back 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -19,11 +20,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import tracing
 from .config import ChangelogConfig
 from .errors import DstlError, StorageError
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment, check_relative_path
 from .messages import PersistRequest
+from .metrics import NodeMetrics
 from .storage import get_storage, join, normalize_url
 from .upload import Uploader
 
@@ -36,6 +39,7 @@ class _Pending:
     future: asyncio.Future
     source: str
     size: int
+    spans: list[Any] | None = None  # one "dstl.node" span per request (tracing on)
     arrived: float = field(default_factory=time.monotonic)
 
 
@@ -99,6 +103,8 @@ class ChangelogNode:
         self.raylet_pid = os.environ.get("RAY_RAYLET_PID", "")
         self.started = time.time()
         self.counters = NodeCounters()
+        tracing.configure(config.tracing, service=f"dstl-ray:{name}")
+        self.metrics = NodeMetrics(name, level)
         self._storage = get_storage(self.base_path)
         self._uploader = Uploader(self._storage, config)
         self._writers: dict[str, str] = {}  # log id -> job id
@@ -151,6 +157,7 @@ class ChangelogNode:
             "upload_attempts": self._uploader.stats.attempts,
             "upload_retries": self._uploader.stats.retries,
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
+            "metrics": self.metrics.to_dict(),
         }
 
     async def set_parent(self, parent: str | None, level: int, index: int | None = None,
@@ -253,13 +260,27 @@ class ChangelogNode:
                 raise DstlError(f"bad persist request {type(r).__name__}")
             check_relative_path(r.job_id)
         loop = asyncio.get_running_loop()
-        item = _Pending(requests, loop.create_future(), source, sum(r.size for r in requests))
+        spans = [tracing.start_span("dstl.node", dict(r.trace), node=self.name,
+                                    level=self.level, bytes=r.size, log=r.log_id,
+                                    source=source)
+                 for r in requests] if tracing.enabled() else None
+        item = _Pending(requests, loop.create_future(), source, sum(r.size for r in requests),
+                        spans)
         self.counters.requests += 1
+        self.metrics.request()
         self._pending.append(item)
         self._pending_bytes += item.size
         if not self._maybe_send_now() and self._timer is None:
             self._timer = loop.call_later(self._delay(), self._send_batch)
-        return await item.future
+        try:
+            segs = await item.future
+        except BaseException as e:
+            for sp in spans or ():
+                tracing.end_span(sp, error=e)
+            raise
+        for sp in spans or ():
+            tracing.end_span(sp)
+        return segs
 
     def _delay(self) -> float:
         """``persist_delay`` after the first pending request (FLIP-158 "Implementation
@@ -291,10 +312,21 @@ class ChangelogNode:
     async def _dispatch(self, batch: list[_Pending]) -> None:
         requests = [r for p in batch for r in p.requests]
         total = sum(p.size for p in batch)
+        now = time.monotonic()
+        spans: list[Any] = []
+        for p in batch:
+            wait_ms = (now - p.arrived) * 1000
+            self.metrics.batch_wait(wait_ms)
+            for sp in p.spans or ():
+                sp.set_attribute("dstl.batch_wait_ms", wait_ms)
+                sp.set_attribute("dstl.batch_bytes", total)
+                sp.set_attribute("dstl.batch_requests", len(requests))
+                spans.append(sp)
         assert self._budget is not None
         await self._budget.acquire(total)
+        self.metrics.in_flight(self._budget.used)
         try:
-            segments = await self._forward_or_flush(requests, total)
+            segments = await self._forward_or_flush(requests, total, spans)
             pos = 0
             for p in batch:
                 n = len(p.requests)
@@ -307,9 +339,10 @@ class ChangelogNode:
                     p.future.set_exception(e)
         finally:
             await self._budget.release(total)
+            self.metrics.in_flight(self._budget.used)
 
-    async def _forward_or_flush(self, requests: list[PersistRequest], total: int
-                                ) -> list[Segment]:
+    async def _forward_or_flush(self, requests: list[PersistRequest], total: int,
+                                spans: list[Any] | None = None) -> list[Segment]:
         from topology.routing import should_flush
 
         flush = should_flush(self.parent is not None, total, self.config.flush_bytes)
@@ -319,6 +352,13 @@ class ChangelogNode:
         if not flush:
             target = self._upstream()
             assert target is not None
+            for sp in spans or ():
+                sp.set_attribute("dstl.action", "forward")
+                sp.set_attribute("dstl.target", target)
+                sp.set_attribute("dstl.bypass", target != self.parent)
+            if spans:  # the next level's spans become children of ours
+                requests = [dataclasses.replace(r, trace=tuple(tracing.carrier(sp).items()))
+                            for r, sp in zip(requests, spans, strict=True)]
             try:
                 segs = await self._forward(target, requests)
             except Exception as e:  # noqa: BLE001 - upstream unreachable
@@ -330,14 +370,19 @@ class ChangelogNode:
                                 self.name, target, e, self.parent)
                     self._drop_route()
                     await self._sync_registration()
-                    return await self._forward_or_flush(requests, total)
+                    self.metrics.error("route")
+                    return await self._forward_or_flush(requests, total, spans)
                 self.counters.forward_failures += 1
+                self.metrics.error("forward")
                 self._registered_to = None
                 log.warning("%s: forwarding to %s failed (%s); flushing to DFS myself",
                             self.name, self.parent, e)
-                return await self._flush(requests)
+                for sp in spans or ():
+                    sp.add_event("parent unreachable, flushing myself", {"error": str(e)})
+                return await self._flush(requests, spans)
             self.counters.forwards += 1
             self.counters.bytes_forwarded += total
+            self.metrics.forwarded(total, bypass=target != self.parent)
             if target != self.parent:
                 self.counters.routed_direct += 1
                 self._route_left -= 1
@@ -347,7 +392,7 @@ class ChangelogNode:
             else:
                 await self._learn_route(segs)
             return segs
-        return await self._flush(requests)
+        return await self._flush(requests, spans)
 
     async def _learn_route(self, segs: list[Segment]) -> None:
         """Up-front routing: if an ancestor above our parent flushed this batch, send the
@@ -369,7 +414,8 @@ class ChangelogNode:
                             f"{len(requests)} requests")
         return segs
 
-    async def _flush(self, requests: list[PersistRequest]) -> list[Segment]:
+    async def _flush(self, requests: list[PersistRequest], spans: list[Any] | None = None
+                     ) -> list[Segment]:
         """Write ONE file per job holding every request of the batch."""
         by_job: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
@@ -381,11 +427,31 @@ class ChangelogNode:
             data, offsets = assemble_file(sections)
             rel = f"dstl/{self.node_key}/{uuid.uuid4().hex}{FILE_SUFFIX}"
             path = join(self.base_path, job_id, rel)
-            try:
-                await asyncio.to_thread(self._uploader.write, path, data)
-            except StorageError:
-                self.counters.flush_failures += 1
-                raise
+            job_spans = [spans[i] for i in idx] if spans else []
+            for sp in job_spans:
+                sp.set_attribute("dstl.action", "flush")
+                sp.set_attribute("dstl.file", rel)
+            attempts0 = self._uploader.stats.attempts
+            t0 = time.monotonic()
+            with tracing.span("dstl.dfs.put",
+                              tracing.carrier(job_spans[0]) if job_spans else None,
+                              links=[tracing.link_to(tracing.carrier(sp))
+                                     for sp in job_spans[1:]],
+                              node=self.name, level=self.level, file=rel, bytes=len(data),
+                              logs=len(idx)) as put:
+                try:
+                    await asyncio.to_thread(self._uploader.write, path, data)
+                except StorageError as e:
+                    self.counters.flush_failures += 1
+                    self.metrics.error("dfs")
+                    if put is not None:
+                        put.set_attribute("dstl.error", str(e))
+                    raise
+                finally:
+                    if put is not None:
+                        put.set_attribute("dstl.attempts",
+                                          self._uploader.stats.attempts - attempts0)
+            self.metrics.dfs_request(len(data), (time.monotonic() - t0) * 1000, len(idx))
             self.counters.files_flushed += 1
             self.counters.bytes_flushed += len(data)
             self._files[path] = ({requests[i].log_id for i in idx}, [False])
@@ -438,6 +504,10 @@ class ChangelogNode:
                     reconcile, self.base_path, self.config, self._order)
             except Exception as e:  # noqa: BLE001 - try again next round
                 log.warning("%s: membership check failed: %s", self.name, e)
+
+    async def spans(self, clear: bool = False) -> list[dict[str, Any]]:
+        """Spans finished in this actor (tracing ``memory`` mode)."""
+        return tracing.finished_spans(clear)
 
     async def shutdown(self) -> None:
         if self._watcher is not None:

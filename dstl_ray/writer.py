@@ -19,6 +19,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
+from . import tracing
 from .errors import (
     DstlError,
     InvalidValueError,
@@ -124,7 +125,8 @@ class StateChangelogWriter:
 
     # ------------------------------------------------------------------ persist
 
-    def _send(self, sqns: list[int], preemptive: bool) -> _Upload:
+    def _send(self, sqns: list[int], preemptive: bool,
+              trace: tuple[tuple[str, str], ...] = ()) -> _Upload:
         """Ship changesets ``sqns`` as ONE request (caller holds the lock)."""
         section = encode_section(self._log_bytes, [self._changesets[s] for s in sqns],
                                  self._compression)
@@ -133,7 +135,7 @@ class StateChangelogWriter:
             self._uploads[s] = up
         self._unsent_bytes = 0
         try:
-            fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id))
+            fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace))
         except Exception as e:  # noqa: BLE001 - the node is gone; fail this upload only
             fut = concurrent.futures.Future()
             fut.set_exception(e)
@@ -191,7 +193,14 @@ class StateChangelogWriter:
                                f"{self._truncated} were truncated already")
             needed = [s for s in self._changesets if s > after]
             unsent = [s for s in needed if s not in self._uploads]
-            new = self._send(unsent, preemptive=False) if unsent else None
+            wspan = tracing.start_span("dstl.writer.persist", log=self.log_id,
+                                       operator=self.operator_id, after=after,
+                                       sqn_to=self._sqn) if tracing.enabled() else None
+            trace = tuple(tracing.carrier(wspan).items()) if wspan is not None else ()
+            new = self._send(unsent, preemptive=False, trace=trace) if unsent else None
+            if wspan is not None:
+                wspan.set_attribute("dstl.bytes_sent", new.size if new else 0)
+                wspan.set_attribute("dstl.changesets", len(needed))
             uploads: list[_Upload] = []
             for s in needed:
                 # (a failed send may already have dropped its sqns from self._uploads)
@@ -203,6 +212,10 @@ class StateChangelogWriter:
             sqn_to = self._sqn
         result: concurrent.futures.Future[StateChangelogHandle] = concurrent.futures.Future()
         self._combine(result, uploads, after, sqn_to)
+        if wspan is not None:
+            result.add_done_callback(lambda f: tracing.end_span(
+                wspan, error=f.exception(),
+                segments=None if f.exception() else len(f.result().segments)))
         return result
 
     def _combine(self, result: concurrent.futures.Future, uploads: list[_Upload], after: int,

@@ -44,7 +44,8 @@ def write_results(name: str, data: dict[str, Any], fig: Any, out: str = RESULTS)
     path = os.path.join(out, f"{name}.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=False)
-    fig.savefig(os.path.join(out, f"{name}.png"), dpi=110, bbox_inches="tight")
+    if fig is not None:  # None: the experiment drew its PNG(s) itself
+        fig.savefig(os.path.join(out, f"{name}.png"), dpi=110, bbox_inches="tight")
     print(f"wrote {path} and {name}.png", flush=True)
     return path
 

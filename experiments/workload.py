@@ -67,6 +67,11 @@ class NodeWriters:
     def expected_changes(self) -> list[dict[int, list[bytes]]]:
         return self.expected
 
+    def spans(self) -> list[dict[str, Any]]:
+        from dstl_ray import tracing
+
+        return tracing.finished_spans()
+
     def close(self) -> None:
         self.client.close()
 
