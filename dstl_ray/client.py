@@ -73,6 +73,9 @@ class RayNodeTransport:
         self.namespace = namespace
         self._pinned = node_name
         self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._queue: list[tuple[PersistRequest, concurrent.futures.Future]] = []
+        self._sender: threading.Thread | None = None
         self._logs: set[str] = set()
         self._stale = True
         self.node_name = ""
@@ -129,19 +132,54 @@ class RayNodeTransport:
             log.debug("unregister of %s failed: %s", log_id, e)
 
     def send(self, request: PersistRequest) -> concurrent.futures.Future[Segment]:
+        """Queue ``request``; a sender thread ships everything queued as ONE actor call
+        (FLIP-158 batching levels 2-3: all backends of this process), so many writers that
+        persist at once cost a few actor calls, not one each."""
+        fut: concurrent.futures.Future[Segment] = concurrent.futures.Future()
+        with self._cond:
+            self._queue.append((request, fut))
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                                name="dstl-sender")
+                self._sender.start()
+            self._cond.notify()
+        return fut
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                batch, self._queue = self._queue, []
+            try:
+                ref = self._ensure().persist_many.remote([r for r, _ in batch])
+                ref.future().add_done_callback(lambda f, b=batch: self._deliver(b, f))
+            except Exception as e:  # noqa: BLE001 - every request of the batch learns it
+                self._fail(batch, e)
+
+    def _deliver(self, batch: list[tuple[PersistRequest, concurrent.futures.Future]],
+                 f: concurrent.futures.Future) -> None:
+        e = f.exception()
+        if e is not None:
+            self._fail(batch, e)
+            return
+        for (_, fut), result in zip(batch, f.result(), strict=True):
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+    def _fail(self, batch: list[tuple[PersistRequest, concurrent.futures.Future]],
+              e: BaseException) -> None:
         import ray
 
-        h = self._ensure()
-        fut = h.persist.remote(request).future()
-
-        def check(f: concurrent.futures.Future) -> None:
-            e = f.exception()
-            if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
-                with self._lock:
-                    self._stale = True  # find the (restarted) node again next time
-
-        fut.add_done_callback(check)
-        return fut
+        if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                          NodeUnavailableError)):
+            with self._lock:
+                self._stale = True  # find the (restarted) node again next time
+        for _, fut in batch:
+            if not fut.done():
+                fut.set_exception(e)
 
     def release(self, segment: Segment, log_id: str, used: bool) -> None:
         import ray

@@ -247,6 +247,12 @@ class ChangelogNode:
         segs = await self._enqueue([request], request.source)
         return segs[0]
 
+    async def persist_many(self, requests: list[PersistRequest]) -> list[Segment | Exception]:
+        """Several writers' requests from one process in one call; each still counts as its
+        own writer's request for batching. Per request: its segment, or the exception."""
+        return list(await asyncio.gather(*(self.persist(r) for r in requests),
+                                         return_exceptions=True))
+
     async def persist_batch(self, requests: list[PersistRequest], source: str) -> list[Segment]:
         """A child's whole batch, as ONE request; resolves to one segment per request."""
         self.counters.requests_from_children += 1
