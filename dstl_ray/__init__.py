@@ -4,6 +4,7 @@ Writers append state changes in memory; on a checkpoint each node actor batches 
 gets and either forwards them to its parent or writes ONE changelog file to DFS.
 """
 
+from . import tracing
 from .client import DirectTransport, StateChangelogClient
 from .config import ChangelogConfig
 from .deploy import ChangelogTree, attach, deploy
@@ -53,4 +54,5 @@ __all__ = [
     "deploy",
     "key_group_range_for_subtask",
     "stable_hash",
+    "tracing",
 ]

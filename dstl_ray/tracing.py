@@ -8,7 +8,7 @@ its own span's before forwarding.
 
 Exporters, chosen by the ``tracing`` option (``DSTL_TRACING``): ``off`` (the default; costs one
 boolean check per call), ``console``, ``otlp`` (configured by the standard ``OTEL_*``
-variables; needs ``opentelemetry-exporter-otlp``), ``memory`` (per process, for tests; node
+variables), ``memory`` (per process, for tests; node
 actors return theirs through ``spans()``), and ``file:<dir>`` (JSON lines per process, read by
 ``dstl-ray trace``).
 """
@@ -29,6 +29,7 @@ _mode = "off"
 _tracer: Any = None
 _memory: Any = None
 _propagator: Any = None
+_provider: Any = None
 
 
 def check_mode(mode: str) -> str:
@@ -64,7 +65,7 @@ class _JsonLinesExporter:
 
 def configure(mode: str, service: str = "dstl-ray") -> None:
     """Set this process's tracing mode (idempotent for the same mode)."""
-    global _mode, _tracer, _memory, _propagator
+    global _mode, _tracer, _memory, _propagator, _provider
     check_mode(mode)
     with _lock:
         if mode == _mode and (_tracer is not None or mode == "off"):
@@ -93,19 +94,22 @@ def configure(mode: str, service: str = "dstl-ray") -> None:
         elif mode == "console":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         elif mode == "otlp":
-            try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                    OTLPSpanExporter,
-                )
-            except ImportError as e:
-                raise ValueError("tracing=otlp needs the opentelemetry-exporter-otlp "
-                                 "package") from e
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+                OTLPSpanExporter,  # endpoint, headers, ... from the standard OTEL_* variables
+            )
+
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         else:
             provider.add_span_processor(SimpleSpanProcessor(
                 _JsonLinesExporter(mode.split(":", 1)[1])))
+        _provider = provider
         _tracer = provider.get_tracer("dstl_ray")
         _propagator = TraceContextTextMapPropagator()
+
+
+def flush(timeout_s: float = 10.0) -> bool:
+    """Export every finished span now (e.g. before a process exits)."""
+    return bool(_provider.force_flush(int(timeout_s * 1000))) if _provider is not None else True
 
 
 def enabled() -> bool:

@@ -76,3 +76,34 @@ def test_metrics_count_requests_bytes_and_errors(tree_factory, namespace, tmp_pa
     (tmp_path / "dfs" / "metered").unlink()
     (tmp_path / "dfs" / "metered.bak").rename(tmp_path / "dfs" / "metered")
     assert all(r["ok"] for r in ray.get([a.checkpoint.remote(10, 50) for a in actors]))
+
+
+def test_metrics_reach_rays_prometheus_endpoint(tree_factory, namespace):
+    """ray.util.metrics: the node's Prometheus endpoint exports dstl_* after a checkpoint."""
+    import time
+    import urllib.request
+
+    from dstl_ray import KeyGroupRange, StateChangelogClient
+
+    tree = tree_factory()
+    client = StateChangelogClient("prom", namespace=namespace)
+    w = client.create_writer("op", KeyGroupRange(0, 0))
+    w.append(0, b"x")
+    w.persist_durably(0).result(timeout=30)
+    root_node = next(s["node_id"] for s in tree.status() if s["name"] == tree.root)
+    port = next(n["MetricsExportPort"] for n in ray.nodes() if n["NodeID"] == root_node)
+    deadline = time.monotonic() + 60
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read(
+            ).decode()
+        except OSError:
+            text = ""
+        if f'node="{tree.root}"' in text and "ray_dstl_flushes_total" in text:
+            break
+        time.sleep(2)
+    lines = [ln for ln in text.splitlines() if ln.startswith("ray_dstl_flushes_total")
+             and f'node="{tree.root}"' in ln]
+    assert lines and float(lines[0].rsplit(" ", 1)[1]) >= 1.0
+    client.close()
