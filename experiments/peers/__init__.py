@@ -1,0 +1,1 @@
+"""Scripts run by peer systems' own interpreters (never imported by the project)."""
