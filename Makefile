@@ -25,8 +25,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
 
+# every experiment writes experiments/results/NAME.json and NAME.png; BENCH_ARGS=--quick
+# for a CI-sized run
+EXPERIMENTS ?= append_throughput file_flood tree_scale_sim trace_path
+
 bench: $(STAMP)
-	$(BIN)/python -m experiments.append_throughput $(BENCH_ARGS)
+	for e in $(EXPERIMENTS); do $(BIN)/python -m experiments.$$e $(BENCH_ARGS) || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
