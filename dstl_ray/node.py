@@ -102,6 +102,7 @@ class ChangelogNode:
         self.level = level
         self.raylet_pid = os.environ.get("RAY_RAYLET_PID", "")
         self.started = time.time()
+        self.incarnation = uuid.uuid4().hex[:12]  # changes when Ray restarts the actor
         self.counters = NodeCounters()
         tracing.configure(config.tracing, service=f"dstl-ray:{name}")
         self.metrics = NodeMetrics(name, level)
@@ -157,6 +158,7 @@ class ChangelogNode:
             "upload_attempts": self._uploader.stats.attempts,
             "upload_retries": self._uploader.stats.retries,
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
+            "incarnation": self.incarnation,
             "metrics": self.metrics.to_dict(),
         }
 
@@ -244,6 +246,11 @@ class ChangelogNode:
 
     async def persist(self, request: PersistRequest) -> Segment:
         """One writer's request; resolves to the segment holding it once durable."""
+        if request.source not in self._writers:
+            # registered with an earlier incarnation of this actor (Ray restarted it):
+            # count it as a source again, so batches wait for it
+            self._writers[request.source] = request.job_id
+            await self._sync_registration()
         segs = await self._enqueue([request], request.source)
         return segs[0]
 
@@ -256,6 +263,9 @@ class ChangelogNode:
     async def persist_batch(self, requests: list[PersistRequest], source: str) -> list[Segment]:
         """A child's whole batch, as ONE request; resolves to one segment per request."""
         self.counters.requests_from_children += 1
+        if source not in self._children:  # registered before this actor was restarted
+            self._children.add(source)
+            await self._sync_registration()
         return await self._enqueue(list(requests), source)
 
     async def _enqueue(self, requests: list[PersistRequest], source: str) -> list[Segment]:

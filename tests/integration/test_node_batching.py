@@ -93,3 +93,45 @@ def test_node_actor_killed_fails_persist_and_next_checkpoint_succeeds(
             time.sleep(0.5)
     assert list(h.get_state_changes(0)) == [b"before-kill"]
     assert list(h.get_state_changes(1)) == [b"after-kill"]
+
+
+def test_restarted_node_relearns_its_writers(tree_factory, namespace, tmp_path):
+    """After Ray restarts a node actor, the writers' next requests register them again, so
+    the all-pending trigger works without waiting for the persist delay."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=3.0)
+    client = StateChangelogClient("jobr", namespace=namespace)
+    writers = [client.create_writer(f"w{i}", KeyGroupRange(0, 0)) for i in range(3)]
+    node = tree.node(client.node_name)
+    before = ray.get(node.status.remote())
+    assert before["writers"] == 3
+    ray.kill(node, no_restart=False)
+
+    def status():
+        deadline = time.monotonic() + 60
+        while True:  # until the new incarnation answers
+            try:
+                st = ray.get(node.status.remote(), timeout=10)
+                if st["incarnation"] != before["incarnation"]:
+                    return st
+            except Exception:  # noqa: BLE001 - restarting
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+
+    assert status()["writers"] == 0  # a fresh incarnation
+    for w in writers:
+        w.append(0, b"x")
+    # the first checkpoint after the restart may wait for the delay (or fail over)...
+    for w in writers:
+        try:
+            w.persist_durably(0).result(timeout=30)
+        except PersistError:
+            pass
+    assert status()["writers"] == 3
+    # ...the next one goes out as soon as every writer asked
+    for w in writers:
+        w.append(0, b"y")
+    t0 = time.monotonic()
+    handles = [f.result(timeout=30) for f in [w.persist_durably(0) for w in writers]]
+    assert time.monotonic() - t0 < 2.5
+    assert all(list(h.get_state_changes(0)) == [b"x", b"y"] for h in handles)
