@@ -456,7 +456,8 @@ class ChangelogNode:
                               node=self.name, level=self.level, file=rel, bytes=len(data),
                               logs=len(idx)) as put:
                 try:
-                    await asyncio.to_thread(self._uploader.write, path, data)
+                    await asyncio.to_thread(self._uploader.write, path, data,
+                                            tracing.carrier(put) if put is not None else None)
                 except StorageError as e:
                     self.counters.flush_failures += 1
                     self.metrics.error("dfs")

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from . import tracing
 from .config import ChangelogConfig
 from .errors import StorageError
 from .storage import Storage
@@ -37,7 +38,9 @@ class Uploader:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers,
                                                            thread_name_prefix="dstl-upload")
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes, trace: dict[str, str] | None = None) -> None:
+        """Write ``data`` to ``path`` with retries; ``trace`` (a W3C carrier) parents one
+        ``dstl.dfs.attempt`` span per attempt."""
         cfg = self.config
         last: BaseException | None = None
         with self._lock:
@@ -47,16 +50,20 @@ class Uploader:
                 self.stats.attempts += 1
                 if attempt > 1:
                     self.stats.retries += 1
+            span = tracing.start_span("dstl.dfs.attempt", trace, attempt=attempt,
+                                      bytes=len(data)) if trace else None
             fut = self._pool.submit(self.storage.write_file, path, data)
             try:
                 fut.result(timeout=cfg.upload_timeout_s)
                 with self._lock:
                     self.stats.bytes += len(data)
+                tracing.end_span(span)
                 return
             except concurrent.futures.TimeoutError:
                 last = TimeoutError(f"attempt {attempt} timed out after {cfg.upload_timeout_s}s")
             except Exception as e:  # noqa: BLE001 - every failure is retried
                 last = e
+            tracing.end_span(span, error=last)
             log.warning("upload of %s, attempt %d/%d failed: %s", path, attempt,
                         cfg.max_attempts, last)
             if attempt < cfg.max_attempts and cfg.retry_delay_s:

@@ -25,6 +25,11 @@ def test_spans_follow_the_tree_and_routing_skips_hops(tree_factory, namespace, t
     spans += [s for a in actors for s in ray.get(a.spans.remote())]
     puts = sorted((s for s in spans if s["name"] == "dstl.dfs.put"), key=lambda s: s["start_ns"])
     assert len(puts) == 2 and all(p["attributes"]["dstl.node"] == tree.root for p in puts)
+    for put in puts:  # one span per DFS attempt under each put
+        attempts = [s for s in spans if s["name"] == "dstl.dfs.attempt"
+                    and s["parent_id"] == put["span_id"]]
+        assert [a["attributes"]["dstl.attempt"] for a in attempts] == [1]
+        assert put["attributes"]["dstl.attempts"] == 1
     for n, put in enumerate(puts):
         paths = request_paths(spans, put)
         assert len(paths) == len(actors)  # every writer's request reached the flushing node
