@@ -135,3 +135,25 @@ def test_restarted_node_relearns_its_writers(tree_factory, namespace, tmp_path):
     handles = [f.result(timeout=30) for f in [w.persist_durably(0) for w in writers]]
     assert time.monotonic() - t0 < 2.5
     assert all(list(h.get_state_changes(0)) == [b"x", b"y"] for h in handles)
+
+
+def test_unused_preemptive_upload_is_deleted_by_its_node(tree_factory, namespace, tmp_path):
+    """A pre-emptive upload no checkpoint used is deleted by the node that wrote it once the
+    writer truncates past it; uploads given out in handles stay."""
+    tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.01,
+                 preemptive_persist_threshold=2000)
+    client = StateChangelogClient("jobp", namespace=namespace)
+    w = client.create_writer("op", KeyGroupRange(0, 0))
+    w.append(0, b"a" * 3000)  # pre-emptive upload 1
+    w.wait_uploads(30)
+    h = w.persist_durably(0).result(timeout=30)  # reuses it: no new file
+    assert len(_dstl_files(tmp_path / "dfs")) == 1 and w.preemptive_uploads == 1
+    w.append(0, b"b" * 3000)  # pre-emptive upload 2: never used by a checkpoint
+    w.wait_uploads(30)
+    assert len(_dstl_files(tmp_path / "dfs")) == 2
+    w.truncate(before=w.last_appended_sqn())
+    deadline = time.monotonic() + 10
+    while len(_dstl_files(tmp_path / "dfs")) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _dstl_files(tmp_path / "dfs")
+    assert ["file://" + p for p in left] == h.file_paths()
