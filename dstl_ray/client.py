@@ -54,14 +54,17 @@ def enable_token_auth_if_available() -> None:
 
 
 def ensure_ray(namespace: str, address: str | None = None) -> None:
-    """Connect this process to the Ray cluster if it is not connected yet."""
+    """Connect this process to the Ray cluster if it is not connected yet: ``address``, else
+    ``RAY_ADDRESS``, else a cluster started with ``ray start`` on this machine, else a new
+    local Ray (as ``ray.init()`` does)."""
     import ray
 
     if not ray.is_initialized():
-        if address or os.environ.get("RAY_ADDRESS"):
+        target = address or os.environ.get("RAY_ADDRESS")
+        if target:
             enable_token_auth_if_available()
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto",
-                 namespace=namespace, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(address=target, namespace=namespace, log_to_driver=False,
+                 logging_level=logging.WARNING)
 
 
 class RayNodeTransport:
@@ -118,8 +121,17 @@ class RayNodeTransport:
             return self._handle
 
     def register(self, log_id: str) -> None:
-        h = self._ensure()
-        self._call(h.register_writer.remote(log_id, self.job_id))
+        for attempt in (1, 2):
+            try:
+                self._call(self._ensure().register_writer.remote(log_id, self.job_id))
+                break
+            except Exception as e:  # noqa: BLE001 - the node died: find it (or another) again
+                with self._lock:
+                    self._stale = True
+                if attempt == 2:
+                    raise NodeUnavailableError(
+                        f"cannot register writer {log_id} with node actor {self.node_name}: "
+                        f"{type(e).__name__}: {e}") from e
         with self._lock:
             self._logs.add(log_id)
 
