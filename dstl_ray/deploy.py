@@ -73,7 +73,7 @@ def deploy(base_path: str, config: ChangelogConfig | None = None, *,
 
     Connects to Ray (``address``, ``RAY_ADDRESS`` or a local cluster) if needed.
     """
-    from topology.placement import place_tree
+    from topology.placement import node_actor_name, place_tree
 
     config = config or ChangelogConfig.from_env()
     ensure_ray(config.namespace, address)
@@ -84,8 +84,6 @@ def deploy(base_path: str, config: ChangelogConfig | None = None, *,
     nodes = {}
     root = ""
     for pos, actor in placed.values():
-        from topology.placement import node_actor_name
-
         name = node_actor_name(pos.node)
         nodes[name] = actor
         if pos.parent is None:
