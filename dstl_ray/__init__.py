@@ -22,8 +22,11 @@ from .errors import (
     StorageError,
     WriterClosedError,
 )
+from .faults import FaultSpec, FaultyStorage, InjectedFault, LatencyDistribution
 from .handle import Segment, StateChangelogHandle
+from .hedging import HedgePolicy
 from .keygroups import KeyGroupRange, assign_key_group, key_group_range_for_subtask, stable_hash
+from .upload import Uploader
 from .writer import StateChangelogWriter
 
 __version__ = "0.1.0"
@@ -35,14 +38,20 @@ __all__ = [
     "ConfigError",
     "DirectTransport",
     "DstlError",
+    "FaultSpec",
+    "FaultyStorage",
     "FormatError",
     "HandleError",
+    "HedgePolicy",
+    "InjectedFault",
     "InvalidValueError",
     "KeyGroupError",
     "KeyGroupRange",
+    "LatencyDistribution",
     "NodeUnavailableError",
     "PersistError",
     "Segment",
+    "Uploader",
     "SqnError",
     "StateChangelogClient",
     "StateChangelogHandle",

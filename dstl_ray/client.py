@@ -18,7 +18,7 @@ from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment
 from .keygroups import KeyGroupRange
 from .messages import PersistRequest, Transport
-from .storage import get_storage, join, normalize_url
+from .storage import get_storage, join, normalize_url, storage_for
 from .upload import Uploader
 from .writer import StateChangelogWriter
 
@@ -216,7 +216,9 @@ class DirectTransport:
         tracing.configure(self.config.tracing)
         self.base_path = normalize_url(base_path)
         self.job_path = join(self.base_path, job_id)
-        self.storage = get_storage(self.base_path, storage_options)
+        self.storage = (get_storage(self.base_path, storage_options)
+                        if storage_options is not None
+                        else storage_for(self.base_path, self.config))
         self.uploader = Uploader(self.storage, self.config)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
         self.node_key = f"direct-{os.getpid()}"
@@ -233,7 +235,8 @@ class DirectTransport:
         def write() -> Segment:
             data, (off,) = assemble_file([request.section])
             rel = f"dstl/{self.node_key}/{uuid.uuid4().hex}{FILE_SUFFIX}"
-            self.uploader.write(join(self.job_path, rel), data)
+            written = self.uploader.write(join(self.job_path, rel), data)
+            rel = written[len(self.job_path) + 1:]  # a retry or hedge may win under its name
             with self._lock:
                 self.files[rel] = {request.log_id}
             s = request.section

@@ -28,14 +28,47 @@ class _Spec:
     lo: float | None = None
     hi: float | None = None
     choices: tuple[str, ...] | None = None
+    secret: bool = False
 
 
 def _opt(default: Any, doc: str, lo: float | None = None, hi: float | None = None,
-         choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"spec": _Spec(doc, lo, hi, choices)})
+         choices: tuple[str, ...] | None = None, secret: bool = False) -> Any:
+    return field(default=default, metadata={"spec": _Spec(doc, lo, hi, choices, secret)},
+                 repr=not secret)
 
 
-@dataclass(frozen=True)
+REDACTED = "***"
+_SECRET_WORDS = ("key", "secret", "token", "password", "credential", "session")
+
+
+def redact_options(options: Any) -> Any:
+    """``options`` (nested dicts/lists) with the values of secret-looking keys replaced."""
+    if isinstance(options, Mapping):
+        return {k: (REDACTED if isinstance(k, str) and v
+                    and any(w in k.lower() for w in _SECRET_WORDS)
+                    and not isinstance(v, (Mapping, list, bool))
+                    else redact_options(v)) for k, v in options.items()}
+    if isinstance(options, list):
+        return [redact_options(v) for v in options]
+    return options
+
+
+def parse_json_object(option: str, text: str) -> dict[str, Any]:
+    """The JSON object in option ``option`` ({} when empty); ConfigError otherwise."""
+    import json
+
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"option {option} must be a JSON object: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"option {option} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True, repr=False)
 class ChangelogConfig:
     """Configuration of a changelog tree and its writers (see README "Configuration")."""
 
@@ -72,8 +105,33 @@ class ChangelogConfig:
         0.0, "Start a second (hedged) attempt of a DFS upload slower than this (0: use "
         "hedge_quantile of recent latencies, when hedging is on).", 0.0, 3600.0)
     hedge_quantile: float = _opt(
-        0.0, "Hedge uploads slower than this quantile of recent latencies (0: hedging off).",
-        0.0, 1.0)
+        0.0, "Hedge uploads slower than this quantile of recent attempt latencies (0: off; "
+        "until hedge_min_samples latencies are known, hedge_delay_s applies if set).",
+        0.0, 0.9999)
+    hedge_window: int = _opt(
+        1000, "How many recent successful attempt latencies the hedge quantile is taken "
+        "over.", 10, 1_000_000)
+    hedge_min_samples: int = _opt(
+        20, "Latencies needed before the hedge quantile is trusted.", 1, 1_000_000)
+    s3_endpoint_url: str = _opt(
+        "", "S3 endpoint URL for s3:// base paths (empty: DSTL_S3_ENDPOINT_URL, "
+        "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS).")
+    s3_access_key_id: str = _opt(
+        "", "S3 access key id (empty: the standard AWS variables / credential chain). "
+        "Secret: never shown in repr, to_dict, status or logs.", secret=True)
+    s3_secret_access_key: str = _opt(
+        "", "S3 secret access key (empty: the standard AWS variables / credential chain). "
+        "Secret: never shown in repr, to_dict, status or logs.", secret=True)
+    s3_multipart_threshold: int = _opt(
+        16 * MiB, "Files of at least this size go to S3 as a multipart upload (parts of "
+        "half this size, at least 5 MiB, S3's minimum).", 10 * MiB, 5 << 30)
+    storage_options: str = _opt(
+        "", "Extra fsspec file system options as a JSON object, e.g. "
+        '{"client_kwargs": {"region_name": "eu-west-1"}}; values of keys naming secrets '
+        "(key, secret, token, password, ...) are never shown.")
+    fault_spec: str = _opt(
+        "", "Fault and latency injection for tests and experiments (dstl_ray.faults): a "
+        "JSON object; empty: none.")
     membership_interval_s: float = _opt(
         2.0, "How often the root checks Ray's node list: joined nodes get a node actor and "
         "attach as leaves, a removed node's children re-attach (0: never).", 0.0, 3600.0)
@@ -108,6 +166,26 @@ class ChangelogConfig:
             raise ConfigError(f"option tracing: {e}") from None
         if not self.namespace:
             raise ConfigError("option namespace must not be empty")
+        parse_json_object("storage_options", self.storage_options)
+        if self.fault_spec:
+            from .faults import FaultSpec
+
+            FaultSpec.parse(self.fault_spec)  # raises ConfigError naming the option
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["spec"].secret:
+                value = REDACTED if value else ""
+            elif f.name == "storage_options" and value:
+                import json
+
+                value = json.dumps(redact_options(parse_json_object(f.name, value)))
+            parts.append(f"{f.name}={value!r}")
+        return f"ChangelogConfig({', '.join(parts)})"
+
+    __str__ = __repr__
 
     @property
     def hedging_enabled(self) -> bool:
@@ -116,8 +194,20 @@ class ChangelogConfig:
     def replace(self, **changes: Any) -> ChangelogConfig:
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def to_dict(self, secrets: bool = False) -> dict[str, Any]:
+        """Every option; secrets (S3 keys, secret-looking storage_options) are left out unless
+        ``secrets`` (this dict is shown by ``info``/``status`` and sent to clients)."""
+        d = dataclasses.asdict(self)
+        if not secrets:
+            import json
+
+            for f in dataclasses.fields(self):
+                if f.metadata["spec"].secret:
+                    d[f.name] = ""
+            opts = parse_json_object("storage_options", self.storage_options)
+            if opts:
+                d["storage_options"] = json.dumps(_drop_secrets(opts))
+        return d
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> ChangelogConfig:
@@ -151,6 +241,17 @@ class ChangelogConfig:
         """(option, environment variable, default, doc) for every option."""
         return [(f.name, env_var(f.name), f.default, f.metadata["spec"].doc)
                 for f in dataclasses.fields(cls)]
+
+
+def _drop_secrets(options: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if isinstance(v, dict):
+            out[k] = _drop_secrets(v)
+        elif not (isinstance(k, str) and any(w in k.lower() for w in _SECRET_WORDS)
+                  and not isinstance(v, (list, bool))):
+            out[k] = v
+    return out
 
 
 def env_var(option: str) -> str:

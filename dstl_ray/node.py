@@ -27,7 +27,7 @@ from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment, check_relative_path
 from .messages import PersistRequest
 from .metrics import NodeMetrics
-from .storage import get_storage, join, normalize_url
+from .storage import join, normalize_url, storage_for
 from .upload import Uploader
 
 log = logging.getLogger(__name__)
@@ -51,16 +51,25 @@ class _ByteBudget:
         self.limit = limit
         self.used = 0
         self.waiting = 0
+        self.waits = 0  # acquisitions that had to wait (backpressure)
+        self.wait_s = 0.0  # total time spent waiting
+        self.peak = 0  # most bytes ever in flight
         self._cond = asyncio.Condition()
 
     async def acquire(self, n: int) -> None:
         async with self._cond:
             self.waiting += 1
+            t0 = time.monotonic()
+            admit = lambda: self.used == 0 or self.used + n <= self.limit  # noqa: E731
             try:
-                await self._cond.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+                if not admit():
+                    self.waits += 1
+                    await self._cond.wait_for(admit)
             finally:
                 self.waiting -= 1
+                self.wait_s += time.monotonic() - t0
             self.used += n
+            self.peak = max(self.peak, self.used)
 
     async def release(self, n: int) -> None:
         async with self._cond:
@@ -106,7 +115,7 @@ class ChangelogNode:
         self.counters = NodeCounters()
         tracing.configure(config.tracing, service=f"dstl-ray:{name}")
         self.metrics = NodeMetrics(name, level)
-        self._storage = get_storage(self.base_path)
+        self._storage = storage_for(self.base_path, config)  # S3 options, fault injection
         self._uploader = Uploader(self._storage, config)
         self._writers: dict[str, str] = {}  # log id -> job id
         self._children: set[str] = set()  # child nodes that forward to this one
@@ -157,6 +166,12 @@ class ChangelogNode:
             "index": self.index, "height": self.height,
             "upload_attempts": self._uploader.stats.attempts,
             "upload_retries": self._uploader.stats.retries,
+            "upload": self._uploader.stats.to_dict(),
+            "backpressure": {"limit": self.config.in_flight_limit,
+                             "waiting": self._budget.waiting if self._budget else 0,
+                             "waits": self._budget.waits if self._budget else 0,
+                             "wait_s": round(self._budget.wait_s, 3) if self._budget else 0.0,
+                             "peak_in_flight_bytes": self._budget.peak if self._budget else 0},
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
             "incarnation": self.incarnation,
             "metrics": self.metrics.to_dict(),
@@ -443,6 +458,7 @@ class ChangelogNode:
             data, offsets = assemble_file(sections)
             rel = f"dstl/{self.node_key}/{uuid.uuid4().hex}{FILE_SUFFIX}"
             path = join(self.base_path, job_id, rel)
+            job_dir = join(self.base_path, job_id) + "/"
             job_spans = [spans[i] for i in idx] if spans else []
             for sp in job_spans:
                 sp.set_attribute("dstl.action", "flush")
@@ -456,8 +472,11 @@ class ChangelogNode:
                               node=self.name, level=self.level, file=rel, bytes=len(data),
                               logs=len(idx)) as put:
                 try:
-                    await asyncio.to_thread(self._uploader.write, path, data,
-                                            tracing.carrier(put) if put is not None else None)
+                    # a retry or hedge may win under its own name: use the name that landed
+                    path = await asyncio.to_thread(
+                        self._uploader.write, path, data,
+                        tracing.carrier(put) if put is not None else None)
+                    rel = check_relative_path(path[len(job_dir):])
                 except StorageError as e:
                     self.counters.flush_failures += 1
                     self.metrics.error("dfs")
