@@ -26,9 +26,14 @@ def free_port() -> int:
 
 
 class LoopbackS3:
-    def __init__(self, bucket: str | None = None) -> None:
+    """``process=False``: moto's ThreadedMotoServer in this process (tests). ``process=True``:
+    the same server in a child process (``python -m moto.server``), so that its request
+    handling does not share this process's GIL with the clients being measured."""
+
+    def __init__(self, bucket: str | None = None, process: bool = False) -> None:
         self.bucket = bucket or f"dstl-{uuid.uuid4().hex[:8]}"
         self.port = 0
+        self.process = process
         self._server: Any = None
 
     @property
@@ -42,15 +47,38 @@ class LoopbackS3:
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         self.port = free_port()
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
-                                          verbose=False)
-        self._server.start()
+        if self.process:
+            import subprocess
+            import sys
+            import time
+
+            self._server = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or self._server.poll() is not None:
+                        self.stop()
+                        raise RuntimeError("moto server did not start") from None
+                    time.sleep(0.1)
+        else:
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
+                                              verbose=False)
+            self._server.start()
         self.client().create_bucket(Bucket=self.bucket)
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.stop()
+            if self.process:
+                self._server.terminate()
+                self._server.wait(timeout=10)
+            else:
+                self._server.stop()
             self._server = None
 
     def __enter__(self) -> LoopbackS3:

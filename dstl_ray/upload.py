@@ -187,7 +187,15 @@ class Uploader:
             for a in attempts:
                 if a is not winner:
                     a.future.add_done_callback(
-                        lambda f, a=a, w=winner: self._cleanup(a, f, w))
+                        lambda f, a=a, w=winner: self._schedule_cleanup(a, f, w))
+
+    def _schedule_cleanup(self, a: _Attempt, f: concurrent.futures.Future,
+                          winner: _Attempt | None) -> None:
+        """Off the caller's path: a callback on a finished future runs in the caller."""
+        try:
+            self._pool.submit(self._cleanup, a, f, winner)
+        except RuntimeError:  # the pool is shut down
+            self._cleanup(a, f, winner)
 
     def _cleanup(self, a: _Attempt, f: concurrent.futures.Future, winner: _Attempt | None
                  ) -> None:
