@@ -5,10 +5,24 @@ gets and either forwards them to its parent or writes ONE changelog file to DFS.
 """
 
 from . import tracing
+from .backend import (
+    ChangelogKeyedStateBackend,
+    ListState,
+    MapState,
+    RestoreSource,
+    ValueState,
+)
 from .client import DirectTransport, StateChangelogClient
 from .config import ChangelogConfig
+from .coordinator import (
+    CheckpointCoordinator,
+    CheckpointRetention,
+    PendingCheckpoint,
+    RestoreMode,
+)
 from .deploy import ChangelogTree, attach, deploy
 from .errors import (
+    CheckpointDeclinedError,
     CheckpointError,
     ConfigError,
     DstlError,
@@ -18,7 +32,9 @@ from .errors import (
     KeyGroupError,
     NodeUnavailableError,
     PersistError,
+    RestoreError,
     SqnError,
+    StateError,
     StorageError,
     WriterClosedError,
 )
@@ -26,15 +42,35 @@ from .faults import FaultSpec, FaultyStorage, InjectedFault, LatencyDistribution
 from .handle import Segment, StateChangelogHandle
 from .hedging import HedgePolicy
 from .keygroups import KeyGroupRange, assign_key_group, key_group_range_for_subtask, stable_hash
+from .materialization import MaterializedHandle
+from .recovery import CompletedCheckpoint, cleanup_orphans, load_checkpoint
+from .registry import SharedStateRegistry
+from .snapshot import ChangelogComponent, CheckpointMetadata, KeyedStateSnapshot
+from .state import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Serializer,
+    StateDescriptor,
+    StateKind,
+    TaggedSerializer,
+    ValueStateDescriptor,
+)
 from .upload import Uploader
 from .writer import StateChangelogWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChangelogComponent",
     "ChangelogConfig",
+    "ChangelogKeyedStateBackend",
     "ChangelogTree",
+    "CheckpointCoordinator",
+    "CheckpointDeclinedError",
     "CheckpointError",
+    "CheckpointMetadata",
+    "CheckpointRetention",
+    "CompletedCheckpoint",
     "ConfigError",
     "DirectTransport",
     "DstlError",
@@ -47,21 +83,41 @@ __all__ = [
     "InvalidValueError",
     "KeyGroupError",
     "KeyGroupRange",
+    "KeyedStateSnapshot",
     "LatencyDistribution",
+    "ListState",
+    "ListStateDescriptor",
+    "MapState",
+    "MapStateDescriptor",
+    "MaterializedHandle",
     "NodeUnavailableError",
+    "PendingCheckpoint",
     "PersistError",
+    "RestoreError",
+    "RestoreMode",
+    "RestoreSource",
     "Segment",
-    "Uploader",
+    "Serializer",
+    "SharedStateRegistry",
     "SqnError",
     "StateChangelogClient",
     "StateChangelogHandle",
     "StateChangelogWriter",
+    "StateDescriptor",
+    "StateError",
+    "StateKind",
     "StorageError",
+    "TaggedSerializer",
+    "Uploader",
+    "ValueState",
+    "ValueStateDescriptor",
     "WriterClosedError",
     "assign_key_group",
     "attach",
+    "cleanup_orphans",
     "deploy",
     "key_group_range_for_subtask",
+    "load_checkpoint",
     "stable_hash",
     "tracing",
 ]

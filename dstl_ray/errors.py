@@ -64,3 +64,21 @@ class NodeUnavailableError(DstlError):
 
 class CheckpointError(DstlError):
     """A checkpoint could not be completed or restored."""
+
+
+class StateError(DstlError, ValueError):
+    """Keyed state misuse: unknown or mismatched state, a value the serializer cannot encode."""
+
+
+class CheckpointDeclinedError(CheckpointError):
+    """A checkpoint was declined (a backend's snapshot failed, or it was subsumed/aborted)."""
+
+
+class RestoreError(CheckpointError):
+    """Restoring from a checkpoint failed; the message names the checkpoint and the file."""
+
+    def __init__(self, message: str, *, checkpoint: str | None = None,
+                 path: str | None = None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.path = path

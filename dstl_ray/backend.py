@@ -1,0 +1,502 @@
+"""``ChangelogKeyedStateBackend`` (FLIP-158 "StateBackend").
+
+Keyed ValueState, ListState and MapState over in-memory tables, per state and key group; keys
+and values are kept serialized (like a RocksDB backend), so restore and materialization move
+bytes. Every change is applied to the table AND appended to the backend's changelog writer
+("Tracking the changes"). Materialization runs periodically and at most one at a time
+("Materializing state changes", steps 1-4); a checkpoint snapshot is the materialized state
+plus the changelog handle after the last materialized sqn ("Performing a checkpoint").
+
+Thread model: state access from one thread (the task); upload completions arrive on pool
+threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used").
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import (
+    CheckpointError,
+    DstlError,
+    FormatError,
+    HandleError,
+    KeyGroupError,
+    RestoreError,
+    StateError,
+    StorageError,
+)
+from .keygroups import KeyGroupRange, assign_key_group
+from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file, read_sections
+from .registry import SharedStateRegistry
+from .snapshot import (
+    ChangelogComponent,
+    Component,
+    KeyedStateSnapshot,
+    component_files,
+    restricted,
+)
+from .state import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Op,
+    Serializer,
+    StateDescriptor,
+    StateKind,
+    TaggedSerializer,
+    ValueStateDescriptor,
+    apply_record,
+    encode,
+    join_items,
+)
+from .storage import get_storage, join
+
+log = logging.getLogger(__name__)
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dstl-mat")
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    """A snapshot to restore from, with where its files live and its name for errors."""
+
+    snapshot: KeyedStateSnapshot
+    base_path: str
+    own_dir: str
+    checkpoint: str  # e.g. the metadata URL
+
+
+class _State:
+    def __init__(self, backend: ChangelogKeyedStateBackend, sid: int) -> None:
+        self._b, self._sid = backend, sid
+        self._t = backend._tables[sid]
+
+    def _kg(self, key: Any) -> tuple[int, bytes]:
+        b = self._b
+        kg = assign_key_group(key, b.max_parallelism)
+        if kg not in b.key_group_range:
+            raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
+                                f"range {b.key_group_range.start}..{b.key_group_range.end}")
+        return kg, b._ser.serialize(key)
+
+    def _log(self, kg: int, rec: bytes) -> None:
+        self._b._writer.append(kg, rec)
+
+    def clear(self, key: Any) -> None:
+        kg, k = self._kg(key)
+        op = {StateKind.VALUE: Op.VALUE_CLEAR, StateKind.LIST: Op.LIST_CLEAR,
+              StateKind.MAP: Op.MAP_CLEAR}[self._b._kinds[self._sid]]
+        with self._b._lock:
+            self._log(kg, encode(op, self._sid, k))
+            self._t.get(kg, {}).pop(k, None)
+
+    def keys(self) -> Iterator[Any]:
+        """Every key with a value in this state (all key groups of the backend)."""
+        de = self._b._ser.deserialize
+        for d in list(self._t.values()):
+            for k in list(d):
+                yield de(k)
+
+
+class ValueState(_State):
+    def value(self, key: Any, default: Any = None) -> Any:
+        kg, k = self._kg(key)
+        v = self._t.get(kg, {}).get(k)
+        return default if v is None else self._b._ser.deserialize(v)
+
+    def update(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.clear(key)
+            return
+        kg, k = self._kg(key)
+        v = self._b._ser.serialize(value)
+        with self._b._lock:
+            self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
+            d = self._t.get(kg)
+            if d is None:
+                d = self._t[kg] = {}
+            d[k] = v
+
+
+class ListState(_State):
+    def get(self, key: Any) -> list[Any]:
+        kg, k = self._kg(key)
+        de = self._b._ser.deserialize
+        return [de(v) for v in self._t.get(kg, {}).get(k, ())]
+
+    def add(self, key: Any, value: Any) -> None:
+        kg, k = self._kg(key)
+        v = self._b._ser.serialize(value)
+        with self._b._lock:
+            self._log(kg, encode(Op.LIST_ADD, self._sid, k, v))
+            self._t.setdefault(kg, {}).setdefault(k, []).append(v)
+
+    def update(self, key: Any, values: Sequence[Any]) -> None:
+        kg, k = self._kg(key)
+        items = [self._b._ser.serialize(v) for v in values]
+        with self._b._lock:
+            self._log(kg, encode(Op.LIST_SET, self._sid, k, join_items(items)))
+            d = self._t.setdefault(kg, {})
+            if items:
+                d[k] = items
+            else:
+                d.pop(k, None)
+
+
+class MapState(_State):
+    def get(self, key: Any, user_key: Any, default: Any = None) -> Any:
+        kg, k = self._kg(key)
+        v = self._t.get(kg, {}).get(k, {}).get(self._b._ser.serialize(user_key))
+        return default if v is None else self._b._ser.deserialize(v)
+
+    def items(self, key: Any) -> dict[Any, Any]:
+        kg, k = self._kg(key)
+        de = self._b._ser.deserialize
+        return {de(uk): de(v) for uk, v in self._t.get(kg, {}).get(k, {}).items()}
+
+    def put(self, key: Any, user_key: Any, value: Any) -> None:
+        kg, k = self._kg(key)
+        uk, v = self._b._ser.serialize(user_key), self._b._ser.serialize(value)
+        with self._b._lock:
+            self._log(kg, encode(Op.MAP_PUT, self._sid, k, v, uk))
+            self._t.setdefault(kg, {}).setdefault(k, {})[uk] = v
+
+    def remove(self, key: Any, user_key: Any) -> None:
+        kg, k = self._kg(key)
+        uk = self._b._ser.serialize(user_key)
+        with self._b._lock:
+            self._log(kg, encode(Op.MAP_REMOVE, self._sid, k, b"", uk))
+            d = self._t.get(kg, {})
+            m = d.get(k)
+            if m is not None:
+                m.pop(uk, None)
+                if not m:
+                    del d[k]
+
+
+_STATE_CLASSES = {StateKind.VALUE: ValueState, StateKind.LIST: ListState,
+                  StateKind.MAP: MapState}
+
+
+class ChangelogKeyedStateBackend:
+    """Keyed state of one operator subtask, logged to a changelog writer.
+
+    >>> b = ChangelogKeyedStateBackend(client, "op", KeyGroupRange(0, 127), 128)  # doctest: +SKIP
+    >>> b.value_state("count").update("k", 1)  # doctest: +SKIP
+    """
+
+    def __init__(self, client: Any, operator_id: str, key_group_range: KeyGroupRange,
+                 max_parallelism: int, *, materialization_interval: float | None = 10.0,
+                 serializer: Serializer | None = None, clock: Callable[[], float] = time.monotonic,
+                 restore: Sequence[RestoreSource] = (),
+                 executor: concurrent.futures.Executor | None = None) -> None:
+        if not key_group_range.end < max_parallelism:
+            raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
+                                f"{max_parallelism}")
+        self.operator_id = operator_id
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.job_id: str = client.job_id
+        self.job_path: str = client.job_path
+        self.materialization_interval = materialization_interval
+        self._clock = clock
+        self._ser: Serializer = serializer or TaggedSerializer()
+        self._pool = executor or _POOL
+        self._storage = get_storage(self.job_path)
+        self._lock = threading.RLock()
+        self._names: dict[str, int] = {}
+        self._kinds: list[StateKind] = []
+        self._tables: list[dict[int, dict[bytes, Any]]] = []
+        self._base: tuple[Component, ...] = ()  # materialized state or restored components
+        self._base_files: dict[str, str] = {}
+        self._materialized_sqn = 0
+        self._mat_future: concurrent.futures.Future | None = None
+        self._last_mat_start = clock()
+        self._segment_files: dict[str, tuple[str, int]] = {}  # name -> (url, max sqn)
+        self._registry: SharedStateRegistry | None = None
+        self._owner = uuid.uuid4().hex
+        self._closed = False
+        self.materializations = 0
+        self.materialization_failures = 0
+        self._restore(restore)
+        self._writer = client.create_writer(operator_id, key_group_range)
+
+    # ------------------------------------------------------------------ states
+
+    def _register_state(self, name: str, kind: StateKind) -> int:
+        sid = self._names.get(name)
+        if sid is None:
+            if len(self._kinds) >= 65535:
+                raise StateError("too many states")
+            sid = self._names[name] = len(self._kinds)
+            self._kinds.append(kind)
+            self._tables.append({})
+        elif self._kinds[sid] is not kind:
+            raise StateError(f"state {name!r} is a {self._kinds[sid].value} state, not "
+                             f"{kind.value}")
+        return sid
+
+    def get_state(self, descriptor: StateDescriptor) -> _State:
+        with self._lock:
+            sid = self._register_state(descriptor.name, descriptor.kind)
+        return _STATE_CLASSES[descriptor.kind](self, sid)
+
+    def value_state(self, name: str) -> ValueState:
+        return self.get_state(ValueStateDescriptor(name))  # type: ignore[return-value]
+
+    def list_state(self, name: str) -> ListState:
+        return self.get_state(ListStateDescriptor(name))  # type: ignore[return-value]
+
+    def map_state(self, name: str) -> MapState:
+        return self.get_state(MapStateDescriptor(name))  # type: ignore[return-value]
+
+    def _states_spec(self) -> StatesSpec:
+        by_sid = sorted(self._names.items(), key=lambda kv: kv[1])
+        return tuple((n, self._kinds[sid].value) for n, sid in by_sid)
+
+    @property
+    def writer(self) -> Any:
+        return self._writer
+
+    @property
+    def materialized_sqn(self) -> int:
+        return self._materialized_sqn
+
+    # ------------------------------------------------------------------ restore
+
+    def _restore(self, sources: Sequence[RestoreSource]) -> None:
+        """FLIP-158 "Recovery and rescaling": materialized state first, then the changelog,
+        each filtered to this backend's key groups (the handle filters by sqn)."""
+        base: list[Component] = []
+        for src in sources:
+            # a restored component may cover more key groups than the snapshot holding it
+            # (a backend restored after rescaling): only the snapshot's own range counts
+            want = src.snapshot.key_group_range.intersect(self.key_group_range)
+            if want is None:
+                continue
+            for comp in src.snapshot.components:
+                mine = comp.key_group_range.intersect(want)
+                if mine is None:
+                    continue
+                files = component_files(comp, src.base_path, src.own_dir)
+                try:
+                    sid_map = [self._register_state(n, StateKind(k)) for n, k in comp.states]
+                    if isinstance(comp, MaterializedHandle):
+                        url = comp.url(src.base_path, src.own_dir)
+                        for kg, recs in read_sections(self._storage, url, comp, mine):
+                            for r in recs:
+                                apply_record(r, self._tables, self._kinds, kg, sid_map)
+                    else:
+                        for kg, recs in comp.handle.read_all(key_groups=mine).items():
+                            for r in recs:
+                                apply_record(r, self._tables, self._kinds, kg, sid_map)
+                except (FormatError, StorageError, HandleError, StateError) as e:
+                    path = getattr(e, "path", None) or next(
+                        (u for u in files.values() if u in str(e)), ", ".join(files.values()))
+                    raise RestoreError(f"cannot restore checkpoint {src.checkpoint}: file "
+                                       f"{path}: {e}", checkpoint=src.checkpoint,
+                                       path=path) from e
+                base.append(restricted(comp, mine))
+                self._base_files.update(files)
+        self._base = tuple(base)
+
+    # ------------------------------------------------------------------ registry pins
+
+    def attach_registry(self, registry: SharedStateRegistry) -> None:
+        """Let ``registry`` know which files this backend may still put in a snapshot."""
+        with self._lock:
+            self._registry = registry
+            self._repin()
+
+    def _repin(self) -> None:
+        if self._registry is None:
+            return
+        pins = dict(self._base_files)
+        for name, (url, max_sqn) in self._segment_files.items():
+            if max_sqn > self._materialized_sqn:
+                pins[name] = url
+        self._segment_files = {n: v for n, v in self._segment_files.items()
+                               if v[1] > self._materialized_sqn}
+        self._registry.set_pins(self._owner, pins)
+
+    def _track(self, handle: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for seg in handle.segments:
+                url = join(handle.job_path, seg.path)
+                name = url.rsplit("/", 1)[-1]
+                old = self._segment_files.get(name)
+                self._segment_files[name] = (url, max(seg.sqn_max, old[1] if old else 0))
+            self._repin()
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        """Checkpoint snapshot: the base (materialized) components + the changelog after
+        the last materialized sqn (FLIP-158 "Performing a checkpoint")."""
+        self.maybe_materialize()
+        with self._lock:
+            if self._closed:
+                raise CheckpointError(f"backend of {self.operator_id} is closed")
+            base, states, after = self._base, self._states_spec(), self._materialized_sqn
+            pf = self._writer.persist_durably(after=after)
+        out: concurrent.futures.Future[KeyedStateSnapshot] = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future) -> None:
+            if f.exception() is not None:
+                out.set_exception(f.exception())
+                return
+            h = f.result()
+            self._track(h)
+            comps = base if h.is_empty() else base + (ChangelogComponent(self.job_id, states, h),)
+            out.set_result(KeyedStateSnapshot(self.operator_id, self.key_group_range, comps))
+
+        pf.add_done_callback(done)
+        return out
+
+    def _copy_tables(self) -> list[dict[int, dict[bytes, Any]]]:
+        out = []
+        for sid, per_kg in enumerate(self._tables):
+            kind = self._kinds[sid]
+            if kind is StateKind.VALUE:
+                out.append({kg: d.copy() for kg, d in per_kg.items() if d})
+            elif kind is StateKind.LIST:
+                out.append({kg: {k: list(v) for k, v in d.items()} for kg, d in per_kg.items()
+                            if d})
+            else:
+                out.append({kg: {k: dict(v) for k, v in d.items()} for kg, d in per_kg.items()
+                            if d})
+        return out
+
+    def _write_full(self, tables: list, states: StatesSpec, root: str, rel: str, job: str | None,
+                    sqn: int) -> MaterializedHandle:
+        data, sections = encode_file(tables, states, self.key_group_range)
+        self._storage.write_file(join(root, rel), data)
+        return MaterializedHandle(job, rel, self.key_group_range, states, sections, len(data),
+                                  sqn)
+
+    def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        """A full, self-contained snapshot written under ``target_dir`` (FLINK-5053); it does
+        not occupy the materialization slot."""
+        with self._lock:
+            tables, states = self._copy_tables(), self._states_spec()
+        rel = f"{uuid.uuid4().hex}{MAT_SUFFIX}"
+
+        def run() -> KeyedStateSnapshot:
+            h = self._write_full(tables, states, target_dir, rel, None, 0)
+            return KeyedStateSnapshot(self.operator_id, self.key_group_range, (h,))
+
+        return self._pool.submit(run)
+
+    # ------------------------------------------------------------------ materialization
+
+    def materialization_due(self) -> bool:
+        return (self.materialization_interval is not None
+                and self._clock() - self._last_mat_start >= self.materialization_interval)
+
+    def maybe_materialize(self) -> concurrent.futures.Future | None:
+        """Start a materialization if the interval elapsed and none is running."""
+        if self.materialization_due():
+            return self.materialize()
+        return None
+
+    def materialize(self, force: bool = False) -> concurrent.futures.Future | None:
+        """FLIP-158 "Materializing state changes": (1) remember the sqn and (2) snapshot the
+        tables atomically, (3) upload asynchronously, (4) record the sqn and truncate. At most
+        one at a time: returns None if one is running or (unless ``force``) nothing changed."""
+        with self._lock:
+            if self._closed or (self._mat_future is not None and not self._mat_future.done()):
+                return None
+            self._last_mat_start = self._clock()
+            sqn = self._writer.last_appended_sqn()  # step 1
+            if sqn == self._materialized_sqn and not force and (
+                    not self._base or isinstance(self._base[0], MaterializedHandle)
+                    and len(self._base) == 1):
+                return None
+            tables, states = self._copy_tables(), self._states_spec()  # step 2
+            rel = f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}"
+            result: concurrent.futures.Future = concurrent.futures.Future()
+            self._mat_future = result  # done only after step 4
+            fut = self._pool.submit(self._write_full, tables, states, self.job_path, rel,
+                                    self.job_id, sqn)  # step 3
+
+        def done(f: concurrent.futures.Future) -> None:  # step 4
+            try:
+                self._materialized(f, sqn, rel)
+            except BaseException as e:  # noqa: BLE001 - report through the future
+                result.set_exception(e)
+            else:
+                result.set_result(f.result())
+
+        fut.add_done_callback(done)
+        return result
+
+    def _materialized(self, f: concurrent.futures.Future, sqn: int, rel: str) -> None:
+        err = f.exception()
+        with self._lock:
+            if err is not None:
+                self.materialization_failures += 1
+                log.warning("materialization of %s failed: %s", self.operator_id, err)
+                raise err
+            h: MaterializedHandle = f.result()
+            url = join(self.job_path, rel)
+            if self._closed:
+                self._storage.delete(url)  # never part of any checkpoint
+                raise CheckpointError("backend closed during materialization")
+            self._base = (h,)
+            self._base_files = {url.rsplit("/", 1)[-1]: url}
+            self._materialized_sqn = max(self._materialized_sqn, sqn)
+            self._writer.truncate(before=sqn)
+            self.materializations += 1
+            self._repin()
+
+    def wait_materialization(self, timeout: float | None = None) -> None:
+        f = self._mat_future
+        if f is not None:
+            concurrent.futures.wait([f], timeout=timeout)
+
+    # ------------------------------------------------------------------ introspection
+
+    def dump(self) -> dict[str, dict[Any, Any]]:
+        """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""
+        de = self._ser.deserialize
+        out: dict[str, dict[Any, Any]] = {}
+        with self._lock:
+            for name, sid in self._names.items():
+                kind, d = self._kinds[sid], {}
+                for per_key in self._tables[sid].values():
+                    for k, v in per_key.items():
+                        if kind is StateKind.VALUE:
+                            d[de(k)] = de(v)
+                        elif kind is StateKind.LIST:
+                            d[de(k)] = [de(x) for x in v]
+                        else:
+                            d[de(k)] = {de(uk): de(x) for uk, x in v.items()}
+                out[name] = d
+        return out
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """FLIP-158 "Cleanup on shutdown": unpersisted changes are dropped with the writer,
+        and materialized files that no checkpoint includes are deleted (via the registry)."""
+        if self._closed:
+            return
+        f = self._mat_future
+        if f is not None:
+            concurrent.futures.wait([f], timeout=60)
+        with self._lock:
+            self._closed = True
+        try:
+            self._writer.wait_uploads(timeout=60)
+            self._writer.close()
+        except DstlError as e:
+            log.warning("closing writer of %s: %s", self.operator_id, e)
+        if self._registry is not None:
+            self._registry.unpin_all(self._owner)

@@ -1,0 +1,330 @@
+"""``CheckpointCoordinator``: triggers checkpoints and savepoints, writes their metadata,
+retains the last K, subsumes older ones and drives recovery (design.md "Checkpoint lifecycle";
+Flink's retained checkpoints and restore modes; FLINK-5053 savepoints).
+
+A checkpoint is complete only when every backend's snapshot is durable and
+``{base}/{job}/chk-{n}/_metadata`` is written atomically; any failure declines it. Several
+checkpoints may be pending at once; they complete in trigger order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import threading
+from typing import Any
+
+from .backend import ChangelogKeyedStateBackend
+from .errors import CheckpointDeclinedError, DstlError, RestoreError
+from .recovery import (
+    CompletedCheckpoint,
+    cleanup_orphans,
+    list_checkpoints,
+    load_checkpoint,
+    restore_backends,
+)
+from .registry import SharedStateRegistry
+from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
+from .storage import get_storage, join, normalize_url
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointRetention(enum.StrEnum):
+    """Flink's ExternalizedCheckpointCleanup: what cancelling the job does to checkpoints."""
+
+    RETAIN_ON_CANCELLATION = "retain_on_cancellation"
+    DELETE_ON_CANCELLATION = "delete_on_cancellation"
+
+
+class RestoreMode(enum.StrEnum):
+    """CLAIM: the new job owns the restored checkpoint's files (deletes them once subsumed).
+    NO_CLAIM: it never deletes them and materializes first, so no checkpoint depends on them."""
+
+    CLAIM = "claim"
+    NO_CLAIM = "no_claim"
+
+
+class PendingCheckpoint:
+    """A triggered checkpoint; ``result()`` gives the :class:`CompletedCheckpoint` or raises
+    :class:`CheckpointDeclinedError`."""
+
+    def __init__(self, checkpoint_id: int, future: concurrent.futures.Future) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.future = future
+
+    def result(self, timeout: float | None = 60.0) -> CompletedCheckpoint:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+class CheckpointCoordinator:
+    """Checkpoints of one job: ``{base}/{job}/chk-{n}/_metadata`` plus shared state files."""
+
+    def __init__(self, job_id: str, base_path: str, *, max_parallelism: int = 128,
+                 retained: int = 1,
+                 retention: CheckpointRetention = CheckpointRetention.RETAIN_ON_CANCELLATION,
+                 max_concurrent: int = 4, registry: SharedStateRegistry | None = None) -> None:
+        if retained < 1 or max_concurrent < 1:
+            raise ValueError("retained and max_concurrent must be >= 1")
+        self.job_id = job_id
+        self.base_path = normalize_url(base_path)
+        self.job_path = join(self.base_path, job_id)
+        self.max_parallelism = max_parallelism
+        self.retained_count = retained
+        self.retention = CheckpointRetention(retention)
+        self.max_concurrent = max_concurrent
+        self.registry = registry or SharedStateRegistry()
+        self.storage = get_storage(self.job_path)
+        self.backends: list[ChangelogKeyedStateBackend] = []
+        self._lock = threading.Lock()
+        self._retained: list[CompletedCheckpoint] = []
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._next_id = 1
+        self._finisher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-cc")
+        self.declined = 0
+
+    # ------------------------------------------------------------------ backends
+
+    def register_backend(self, backend: ChangelogKeyedStateBackend) -> None:
+        backend.attach_registry(self.registry)
+        with self._lock:
+            self.backends.append(backend)
+
+    def unregister_backend(self, backend: ChangelogKeyedStateBackend) -> None:
+        with self._lock:
+            self.backends.remove(backend)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def completed_checkpoints(self) -> list[CompletedCheckpoint]:
+        """Retained checkpoints, oldest first."""
+        with self._lock:
+            return list(self._retained)
+
+    def latest_checkpoint(self) -> CompletedCheckpoint | None:
+        with self._lock:
+            return self._retained[-1] if self._retained else None
+
+    def _new_id(self) -> int:
+        n = self._next_id
+        self._next_id += 1
+        return n
+
+    def trigger_checkpoint(self) -> PendingCheckpoint:
+        """Checkpoint n: every backend's snapshot, then the metadata file (asynchronously)."""
+        with self._lock:
+            n = self._new_id()
+            backends = list(self.backends)
+            too_many = len(self._pending) >= self.max_concurrent
+        self.registry.checkpoint_started(n)
+        futures: list[concurrent.futures.Future] = []
+        error: BaseException | None = (
+            CheckpointDeclinedError(f"checkpoint {n}: {self.max_concurrent} checkpoints are "
+                                    f"already pending") if too_many else None)
+        if error is None:
+            for b in backends:
+                try:
+                    futures.append(b.snapshot())
+                except DstlError as e:
+                    error = e
+                    break
+        pc = PendingCheckpoint(n, self._finisher.submit(self._finish, n, futures, error))
+        with self._lock:
+            self._pending[n] = pc
+        pc.future.add_done_callback(lambda _f: self._forget(n))
+        return pc
+
+    def _forget(self, n: int) -> None:
+        with self._lock:
+            self._pending.pop(n, None)
+
+    def _finish(self, n: int, futures: list[concurrent.futures.Future],
+                error: BaseException | None) -> CompletedCheckpoint:
+        snaps: list[KeyedStateSnapshot] = []
+        for f in futures:
+            try:
+                snaps.append(f.result(timeout=300))
+            except BaseException as e:  # noqa: BLE001 - any failure declines
+                error = error or e
+        url = join(self.job_path, f"chk-{n}", METADATA_FILE)
+        meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
+                                  tuple(snaps))
+        files = meta.files(url)
+        self.registry.register(n, files)  # so a declined checkpoint's files get cleaned
+        try:
+            if error is not None:
+                raise error
+            text = meta.to_json().encode()
+            self.storage.write_file(url, text)
+        except BaseException as e:  # noqa: BLE001
+            self.declined += 1
+            self.registry.release(n)
+            log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
+            raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
+                                          f"{type(e).__name__}: {e}") from e
+        cc = CompletedCheckpoint(n, url, meta, files, len(text))
+        with self._lock:
+            self._retained.append(cc)
+            subsumed = self._retained[:-self.retained_count]
+            self._retained = self._retained[-self.retained_count:]
+        self.registry.checkpoint_finished(n)
+        for old in subsumed:
+            self._discard(old)
+        return cc
+
+    def _discard(self, cc: CompletedCheckpoint) -> None:
+        """Subsume: delete the metadata first (never a metadata naming deleted files), then
+        drop its references (the registry deletes what nobody else uses)."""
+        try:
+            get_storage(cc.metadata_url).delete(cc.metadata_url)
+        except DstlError as e:
+            log.warning("cannot delete %s: %s", cc.metadata_url, e)
+        self.registry.release(cc.checkpoint_id)
+
+    # ------------------------------------------------------------------ savepoints
+
+    def trigger_savepoint(self) -> concurrent.futures.Future[CompletedCheckpoint]:
+        """A full, self-contained snapshot (FLINK-5053) in ``{job}/savepoint-{n}/``: no shared
+        files, restorable at any parallelism, never deleted by the coordinator."""
+        with self._lock:
+            n = self._new_id()
+            backends = list(self.backends)
+        target = join(self.job_path, f"savepoint-{n}")
+        futures = [b.savepoint(target) for b in backends]
+
+        def finish() -> CompletedCheckpoint:
+            url = join(target, METADATA_FILE)
+            try:
+                snaps = tuple(f.result(timeout=300) for f in futures)
+                meta = CheckpointMetadata(self.job_id, n, "savepoint", self.max_parallelism,
+                                          snaps)
+                text = meta.to_json().encode()
+                self.storage.write_file(url, text)
+            except BaseException as e:
+                concurrent.futures.wait(futures)
+                for u in self.storage.list_files(target):
+                    self.storage.delete(u)
+                raise CheckpointDeclinedError(f"savepoint {n} failed: {e}") from e
+            return CompletedCheckpoint(n, url, meta, meta.files(url), len(text))
+
+        return _spawn(finish)
+
+    # ------------------------------------------------------------------ recovery
+
+    def restore(self, client: Any, operator_id: str, parallelism: int, *,
+                checkpoint: str | None = None, mode: RestoreMode = RestoreMode.CLAIM,
+                fallback: bool = False, cleanup: bool = True, **backend_options: Any
+                ) -> list[ChangelogKeyedStateBackend]:
+        """Recover the job: load this job's retained checkpoints, restore ``parallelism``
+        backends of ``operator_id`` from ``checkpoint`` (a ``_metadata`` URL, possibly of
+        another job or a savepoint) or else the latest complete one, delete orphans, and
+        register the backends. With ``fallback`` a checkpoint whose files are missing or
+        corrupt is skipped for the next older retained one; otherwise the error names both."""
+        retained: list[CompletedCheckpoint] = []
+        broken: list[tuple[str, RestoreError]] = []
+        for _cid, url in list_checkpoints(self.job_path, self.storage):
+            try:
+                retained.append(load_checkpoint(url, self.storage))
+            except RestoreError as e:
+                broken.append((url, e))
+        with self._lock:
+            self._next_id = max([self._next_id, *[c.checkpoint_id + 1 for c in retained]])
+        if checkpoint is not None:
+            ext = load_checkpoint(checkpoint)
+            own = any(c.metadata_url == ext.metadata_url for c in retained)
+            candidates: list[CompletedCheckpoint | None] = [ext] + (
+                [c for c in reversed(retained) if c.checkpoint_id < ext.checkpoint_id]
+                if own else [])
+            external = None if own else ext
+        else:
+            own, external = True, None
+            newest_ok = max((c.checkpoint_id for c in retained), default=-1)
+            bad = [(u, e) for u, e in broken if int(u.rsplit("/", 2)[-2][4:]) > newest_ok]
+            if bad and not fallback:
+                raise bad[-1][1]
+            candidates = list(reversed(retained)) or [None]
+        chosen, backends = None, None
+        errors: list[RestoreError] = []
+        for cc in candidates:
+            try:
+                backends = restore_backends(client, cc, operator_id, parallelism,
+                                            self.max_parallelism, **backend_options)
+                chosen = cc
+                break
+            except RestoreError as e:
+                errors.append(e)
+                if not fallback or not own:
+                    raise
+                log.warning("falling back from %s: %s", cc.metadata_url if cc else None, e)
+        if backends is None:
+            raise errors[-1]
+        claim = external is not None and not own and mode is RestoreMode.CLAIM and not (
+            chosen is not None and chosen.is_savepoint)
+        # retained checkpoints newer than the chosen one are broken: drop them
+        keep = [c for c in retained if chosen is None or not own
+                or c.checkpoint_id <= chosen.checkpoint_id]
+        for c in retained:
+            if c not in keep:
+                get_storage(c.metadata_url).delete(c.metadata_url)
+        if claim and chosen is not None:
+            keep.append(chosen)
+            with self._lock:
+                self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
+        keep = keep[-self.retained_count:] if not claim else keep
+        for c in keep:
+            self.registry.register(c.checkpoint_id, c.files)
+        with self._lock:
+            self._retained = sorted(keep, key=lambda c: c.checkpoint_id)
+        if chosen is not None and not own and not claim:
+            self.registry.protect(chosen.files)
+        if cleanup:
+            keep_urls = {u for c in keep for u in c.files.values()} | {
+                c.metadata_url for c in keep}
+            cleanup_orphans(self.job_path, keep_urls, self.storage)
+        for b in backends:
+            self.register_backend(b)
+        if chosen is not None and not own and not claim:
+            # NO_CLAIM / savepoint: the first checkpoint must not depend on foreign files
+            for b in backends:
+                f = b.materialize(force=True)
+                if f is not None:
+                    f.result(timeout=300)
+        return backends
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self, cancel: bool = False, timeout: float = 60.0) -> None:
+        """Stop: wait for pending checkpoints, close the backends (FLIP-158 "Cleanup on
+        shutdown"), and on cancel with DELETE_ON_CANCELLATION delete every checkpoint."""
+        with self._lock:
+            pending = [p.future for p in self._pending.values()]
+        concurrent.futures.wait(pending, timeout=timeout)
+        for b in list(self.backends):
+            b.close()
+        with self._lock:
+            self.backends.clear()
+        if cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION:
+            with self._lock:
+                gone, self._retained = self._retained, []
+            for cc in gone:
+                self._discard(cc)
+        self._finisher.shutdown(wait=True)
+
+
+def _spawn(fn: Any) -> concurrent.futures.Future:
+    """Run ``fn`` on its own thread (a savepoint must not queue behind checkpoints)."""
+    out: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            out.set_result(fn())
+        except BaseException as e:  # noqa: BLE001
+            out.set_exception(e)
+
+    threading.Thread(target=run, daemon=True, name="dstl-savepoint").start()
+    return out
+

@@ -1,0 +1,181 @@
+"""Materialized state files (FLIP-158 "Materializing state changes", step 3).
+
+A materialization (or a savepoint) is uploaded as ONE file per backend, with one section per
+key group so a rescaled restore reads only the key groups it owns (FLIP-158 "Recovery and
+rescaling", FLINK-5053 "key-group aware"). Sections hold "set" records of
+:mod:`dstl_ray.state`, i.e. a compacted changelog. Format, version 1::
+
+    header  b"DSTM" | u16 version | u16 flags (0) | u32 crc32c(previous 8 bytes)
+    section b"KGM1" | u32 key group | u32 records | u32 payload length
+            | u32 crc32c(previous 16 bytes + payload) | payload
+    payload (u32 length | record)*
+
+The section index (key group, offset, length) travels in the checkpoint metadata
+(:class:`MaterializedHandle`), so reading needs no footer. Every section carries a CRC32C: a
+torn or corrupt file raises :class:`~dstl_ray.errors.FormatError` naming file and offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import FormatError, HandleError
+from .format import crc32c
+from .handle import check_relative_path
+from .keygroups import KeyGroupRange
+from .state import StateKind, encode_full
+from .storage import Storage, join
+
+MAT_SUFFIX = ".dstm"
+MAGIC = b"DSTM"
+SECTION_MAGIC = b"KGM1"
+VERSION = 1
+_HEAD = struct.Struct("<4sHH")
+_SEC = struct.Struct("<4sIII")
+_U32 = struct.Struct("<I")
+HEADER_SIZE = _HEAD.size + 4
+SECTION_HEADER_SIZE = _SEC.size + 4
+
+StatesSpec = tuple[tuple[str, str], ...]  # index = state id of the writing backend: (name, kind)
+TablesSnapshot = list[dict[int, dict[bytes, Any]]]  # [state id][key group][key] -> value
+
+
+@dataclass(frozen=True)
+class MaterializedHandle:
+    """One materialized (or savepoint) file of one backend and its per key group index.
+
+    ``job`` names the job directory (under the base path) holding ``path``; ``None`` means the
+    directory of the snapshot's own ``_metadata`` (self-contained savepoints)."""
+
+    job: str | None
+    path: str
+    key_group_range: KeyGroupRange
+    states: StatesSpec
+    sections: tuple[tuple[int, int, int], ...]  # (key group, offset, length)
+    size: int
+    sqn: int = 0  # last materialized sqn of the writing backend (informative)
+
+    def root(self, base_path: str, own_dir: str) -> str:
+        return join(base_path, self.job) if self.job is not None else own_dir
+
+    def url(self, base_path: str, own_dir: str) -> str:
+        return join(self.root(base_path, own_dir), self.path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "materialized", "job": self.job, "path": self.path,
+                "key_groups": self.key_group_range.to_json(),
+                "states": [list(s) for s in self.states],
+                "sections": [list(s) for s in self.sections], "size": self.size,
+                "sqn": self.sqn}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MaterializedHandle:
+        from .snapshot import parse_job, parse_states
+
+        try:
+            path = check_relative_path(d["path"])
+            if not path.endswith(MAT_SUFFIX):
+                raise HandleError(f"materialized path {path!r} is not a {MAT_SUFFIX} file")
+            kgr = KeyGroupRange.from_json(d["key_groups"])
+            sections = tuple((int(kg), int(off), int(ln)) for kg, off, ln in d["sections"])
+            size, sqn = d["size"], d.get("sqn", 0)
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, HandleError):
+                raise
+            raise HandleError(f"malformed materialized handle: {e}") from None
+        for kg, off, ln in sections:
+            if kg not in kgr or off < HEADER_SIZE or ln < SECTION_HEADER_SIZE:
+                raise HandleError(f"bad materialized section {(kg, off, ln)!r}")
+        if not isinstance(size, int) or not isinstance(sqn, int) or size < 0 or sqn < 0:
+            raise HandleError("bad materialized size/sqn")
+        return cls(parse_job(d.get("job")), path, kgr, parse_states(d["states"]), sections,
+                   size, sqn)
+
+
+def encode_file(tables: TablesSnapshot, states: StatesSpec, key_group_range: KeyGroupRange
+                ) -> tuple[bytes, tuple[tuple[int, int, int], ...]]:
+    """Serialize a snapshot of the tables; returns the file bytes and its section index."""
+    head = _HEAD.pack(MAGIC, VERSION, 0)
+    parts = [head, _U32.pack(crc32c(head))]
+    pos = HEADER_SIZE
+    sections = []
+    kinds = [StateKind(k) for _, k in states]
+    pack = _U32.pack
+    for kg in key_group_range:
+        recs: list[bytes] = []
+        for sid, per_kg in enumerate(tables):
+            d = per_kg.get(kg)
+            if not d:
+                continue
+            kind = kinds[sid]
+            for key, value in d.items():
+                for r in encode_full(sid, kind, key, value):
+                    recs.append(pack(len(r)))
+                    recs.append(r)
+        if not recs:
+            continue
+        payload = b"".join(recs)
+        sec = _SEC.pack(SECTION_MAGIC, kg, len(recs) // 2, len(payload))
+        crc = crc32c(sec + payload)
+        parts += (sec, pack(crc), payload)
+        length = SECTION_HEADER_SIZE + len(payload)
+        sections.append((kg, pos, length))
+        pos += length
+    return b"".join(parts), tuple(sections)
+
+
+def decode_section(data: bytes, kg: int, path: str, offset: int) -> Iterator[bytes]:
+    """Records of one section, after checking its magic, key group, lengths and CRC32C."""
+    if len(data) < SECTION_HEADER_SIZE:
+        raise FormatError("torn materialized section header", path=path, offset=offset)
+    magic, got_kg, n, plen = _SEC.unpack_from(data)
+    if magic != SECTION_MAGIC:
+        raise FormatError(f"bad section magic {magic!r}", path=path, offset=offset)
+    if got_kg != kg:
+        raise FormatError(f"section holds key group {got_kg}, index says {kg}", path=path,
+                          offset=offset)
+    if plen != len(data) - SECTION_HEADER_SIZE:
+        raise FormatError("section length disagrees with the index (torn file?)", path=path,
+                          offset=offset)
+    (crc,) = _U32.unpack_from(data, _SEC.size)
+    payload = data[SECTION_HEADER_SIZE:]
+    actual = crc32c(data[:_SEC.size] + payload)
+    if actual != crc:
+        raise FormatError(f"CRC32C mismatch (stored {crc:#010x}, computed {actual:#010x})",
+                          path=path, offset=offset)
+    pos, end, unpack = 0, len(payload), _U32.unpack_from
+    for _ in range(n):
+        if pos + 4 > end:
+            raise FormatError("torn record length", path=path, offset=offset)
+        (ln,) = unpack(payload, pos)
+        pos += 4
+        if ln > end - pos:
+            raise FormatError("record runs past its section", path=path, offset=offset)
+        yield payload[pos:pos + ln]
+        pos += ln
+    if pos != end:
+        raise FormatError("section has trailing bytes", path=path, offset=offset)
+
+
+def read_sections(storage: Storage, url: str, handle: MaterializedHandle,
+                  key_groups: KeyGroupRange) -> Iterator[tuple[int, Iterator[bytes]]]:
+    """(key group, records) for every section of ``handle`` within ``key_groups``; reads
+    the whole file at once when most of it is needed, else only the wanted byte ranges."""
+    wanted = [s for s in handle.sections if s[0] in key_groups]
+    if not wanted:
+        return
+    if sum(ln for _, _, ln in wanted) * 2 >= handle.size:
+        data = storage.read_file(url)
+        if len(data) != handle.size:
+            raise FormatError(f"file has {len(data)} bytes, handle says {handle.size}",
+                              path=url)
+        if data[:4] != MAGIC:
+            raise FormatError("not a materialized state file", path=url, offset=0)
+        for kg, off, ln in wanted:
+            yield kg, decode_section(data[off:off + ln], kg, url, off)
+    else:
+        for kg, off, ln in wanted:
+            yield kg, decode_section(storage.read_range(url, off, ln), kg, url, off)

@@ -1,0 +1,158 @@
+"""The shared state registry (Flink's SharedStateRegistry; FLIP-158 "Cleanup").
+
+Reference counts are keyed by file name only (FLIP-158 "StateChangelog", point 4): several
+handles, of several backends and checkpoints, may refer to one changelog file. A file is
+deleted only when
+
+* no retained or pending checkpoint references it (per checkpoint, a file counts once),
+* no live backend pins it: changelog segments its writer may still put into the next handle
+  (sqn after the last materialization) and its current materialized state,
+* no checkpoint that was already pending when the count dropped to zero is still pending
+  (its handles may resolve later and name the file), and
+* it is not protected (files of a checkpoint restored in NO_CLAIM mode are never deleted).
+
+Thread-safe; deletes run outside the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from .errors import DstlError
+from .storage import get_storage
+
+log = logging.getLogger(__name__)
+
+
+def _delete_url(url: str) -> None:
+    get_storage(url).delete(url)
+
+
+class SharedStateRegistry:
+    """Reference counts of shared state files, by file name."""
+
+    def __init__(self, delete: Callable[[str], None] = _delete_url) -> None:
+        self._delete = delete
+        self._lock = threading.Lock()
+        self._refs: dict[str, int] = {}
+        self._urls: dict[str, str] = {}
+        self._by_checkpoint: dict[int, set[str]] = {}
+        self._pins: dict[str, set[str]] = {}
+        self._pending: set[int] = set()
+        self._last_started = 0
+        self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
+        self._protected: set[str] = set()
+        self.deleted: list[str] = []
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_started(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self._pending.add(checkpoint_id)
+            self._last_started = max(self._last_started, checkpoint_id)
+
+    def register(self, checkpoint_id: int, files: Mapping[str, str]) -> None:
+        """Add ``files`` (name -> URL) to the references of ``checkpoint_id``."""
+        with self._lock:
+            names = self._by_checkpoint.setdefault(checkpoint_id, set())
+            for name, url in files.items():
+                self._urls.setdefault(name, url)
+                if name not in names:
+                    names.add(name)
+                    self._refs[name] = self._refs.get(name, 0) + 1
+                    self._candidates.pop(name, None)
+
+    def checkpoint_finished(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` completed or was declined: it is no longer pending."""
+        with self._lock:
+            self._pending.discard(checkpoint_id)
+        self.collect()
+
+    def release(self, checkpoint_id: int) -> None:
+        """Drop every reference of ``checkpoint_id`` (subsumed, declined or discarded)."""
+        with self._lock:
+            self._pending.discard(checkpoint_id)
+            for name in self._by_checkpoint.pop(checkpoint_id, set()):
+                self._refs[name] -= 1
+                if self._refs[name] == 0:
+                    del self._refs[name]
+                    self._maybe_candidate(name)
+        self.collect()
+
+    # ------------------------------------------------------------------ backend pins
+
+    def set_pins(self, owner: str, files: Mapping[str, str]) -> None:
+        """Replace the files ``owner`` (a live backend) may still reference."""
+        with self._lock:
+            old = self._pins.get(owner, set())
+            new = set(files)
+            for name, url in files.items():
+                self._urls.setdefault(name, url)
+                self._candidates.pop(name, None)
+            if new:
+                self._pins[owner] = new
+            else:
+                self._pins.pop(owner, None)
+            for name in old - new:
+                self._maybe_candidate(name)
+        self.collect()
+
+    def unpin_all(self, owner: str) -> None:
+        self.set_pins(owner, {})
+
+    def protect(self, names: Iterable[str]) -> None:
+        """Never delete ``names`` (files this job does not own, e.g. NO_CLAIM restore)."""
+        with self._lock:
+            self._protected.update(names)
+            for n in self._protected:
+                self._candidates.pop(n, None)
+
+    # ------------------------------------------------------------------ queries
+
+    def _pinned(self, name: str) -> bool:
+        return any(name in p for p in self._pins.values())
+
+    def _maybe_candidate(self, name: str) -> None:
+        if (name not in self._refs and not self._pinned(name)
+                and name not in self._protected and name in self._urls):
+            self._candidates[name] = self._last_started
+
+    def reference_count(self, name: str) -> int:
+        with self._lock:
+            return self._refs.get(name, 0)
+
+    def referenced(self) -> dict[str, str]:
+        """Name -> URL of every file a checkpoint references or a backend pins."""
+        with self._lock:
+            names = set(self._refs).union(*self._pins.values()) if self._pins else set(
+                self._refs)
+            return {n: self._urls[n] for n in names}
+
+    def checkpoint_files(self, checkpoint_id: int) -> set[str]:
+        with self._lock:
+            return set(self._by_checkpoint.get(checkpoint_id, set()))
+
+    # ------------------------------------------------------------------ deletion
+
+    def collect(self) -> list[str]:
+        """Delete every candidate no pending checkpoint can still name; returns their URLs."""
+        with self._lock:
+            oldest_pending = min(self._pending) if self._pending else None
+            due = [n for n, epoch in self._candidates.items()
+                   if oldest_pending is None or oldest_pending > epoch]
+            urls = []
+            for n in due:
+                del self._candidates[n]
+                if n in self._refs or self._pinned(n) or n in self._protected:
+                    continue
+                urls.append(self._urls.pop(n))
+        for url in urls:
+            try:
+                self._delete(url)
+            except DstlError as e:  # orphan cleanup after recovery gets it later
+                log.warning("cannot delete unreferenced state file %s: %s", url, e)
+        with self._lock:
+            self.deleted.extend(urls)
+        return urls

@@ -1,0 +1,91 @@
+"""Helpers for checkpoint lifecycle tests: a job on DirectTransport, an oracle, file views."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import uuid
+
+import dstl_ray as d
+from dstl_ray.storage import get_storage
+
+MAXP = 16
+
+
+def new_base(tmp_path=None) -> str:
+    return f"file://{tmp_path}/dfs" if tmp_path is not None else \
+        f"memory://ckpt-{uuid.uuid4().hex[:10]}"
+
+
+class FailingTransport(d.DirectTransport):
+    """Every persist request fails (a job whose checkpoints all decline)."""
+
+    def send(self, request):
+        f = concurrent.futures.Future()
+        f.set_exception(d.StorageError("injected: DFS unavailable"))
+        return f
+
+
+def client(job: str, base: str, transport=None) -> d.StateChangelogClient:
+    return d.StateChangelogClient(job, transport=transport or d.DirectTransport(job, base))
+
+
+def owner(backends, key):
+    kg = d.assign_key_group(key, MAXP)
+    return next(b for b in backends if kg in b.key_group_range)
+
+
+class Oracle:
+    """What the state must be: {state: {key: value}} like backend.dump()."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
+
+    def copy(self) -> dict[str, dict]:
+        return copy.deepcopy(self.state)
+
+    def put(self, bs, k, v):
+        owner(bs, k).value_state("v").update(k, v)
+        self.state["v"][k] = v
+
+    def delete(self, bs, k):
+        owner(bs, k).value_state("v").clear(k)
+        self.state["v"].pop(k, None)
+
+    def list_add(self, bs, k, v):
+        owner(bs, k).list_state("l").add(k, v)
+        self.state["l"].setdefault(k, []).append(v)
+
+    def map_put(self, bs, k, uk, v):
+        owner(bs, k).map_state("m").put(k, uk, v)
+        self.state["m"].setdefault(k, {})[uk] = v
+
+    def map_remove(self, bs, k, uk):
+        owner(bs, k).map_state("m").remove(k, uk)
+        m = self.state["m"].get(k)
+        if m is not None:
+            m.pop(uk, None)
+            if not m:
+                del self.state["m"][k]
+
+
+def dump_all(backends) -> dict[str, dict]:
+    out: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
+    for b in backends:
+        for name, dd in b.dump().items():
+            out[name].update(dd)
+    return out
+
+
+def files(base: str, job: str = "job") -> set[str]:
+    root = f"{base.rstrip('/')}/{job}"
+    return set(get_storage(root).list_files(root))
+
+
+def referenced(coord: d.CheckpointCoordinator) -> set[str]:
+    """Metadata files + state files of every retained checkpoint (inside this job's dir)."""
+    out = set()
+    for c in coord.completed_checkpoints():
+        out.add(c.metadata_url)
+        out.update(u for u in c.files.values() if u.startswith(coord.job_path + "/"))
+    return out
