@@ -1,0 +1,67 @@
+"""SharedStateRegistry properties (hypothesis): a file is deleted exactly when no retained or
+pending checkpoint and no backend pin references it; never a protected file."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dstl_ray import SharedStateRegistry
+
+NAMES = [f"f{i}" for i in range(6)]
+ops = st.lists(st.one_of(
+    st.tuples(st.just("start"), st.sampled_from(NAMES).map(lambda _: 0)),
+    st.tuples(st.just("register"), st.sets(st.sampled_from(NAMES), max_size=4)),
+    st.tuples(st.just("finish"), st.integers(0, 5)),
+    st.tuples(st.just("release"), st.integers(0, 5)),
+    st.tuples(st.just("pin"), st.tuples(st.sampled_from("ab"),
+                                        st.sets(st.sampled_from(NAMES), max_size=3))),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.sets(st.sampled_from(NAMES), max_size=2))
+def test_registry_deletes_only_unreferenced(script, protected):
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append)
+    reg.protect(protected)
+    started: list[int] = []
+    refs: dict[int, set[str]] = {}
+    pending: set[int] = set()
+    pins: dict[str, set[str]] = {}
+    known: set[str] = set()
+    for op, arg in script:
+        gone = {u.rsplit("/", 1)[-1] for u in deleted}
+        if op in ("register", "pin"):  # a deleted file name never comes back (unique names)
+            arg = arg - gone if op == "register" else (arg[0], arg[1] - gone)
+        if op == "start":
+            cid = len(started) + 1
+            started.append(cid)
+            pending.add(cid)
+            reg.checkpoint_started(cid)
+        elif op == "register" and pending:
+            cid = max(pending)
+            reg.register(cid, {n: f"memory://x/{n}" for n in arg})
+            refs.setdefault(cid, set()).update(arg)
+            known |= arg
+        elif op == "finish" and started:
+            cid = started[arg % len(started)]
+            pending.discard(cid)
+            reg.checkpoint_finished(cid)
+        elif op == "release" and started:
+            cid = started[arg % len(started)]
+            pending.discard(cid)
+            refs.pop(cid, None)
+            reg.release(cid)
+        elif op == "pin":
+            owner, names = arg
+            pins[owner] = set(names)
+            known |= set(names)
+            reg.set_pins(owner, {n: f"memory://x/{n}" for n in names})
+        live = set().union(*refs.values(), *pins.values())
+        gone = {u.rsplit("/", 1)[-1] for u in deleted}
+        assert not gone & live, "deleted a referenced file"
+        assert not gone & protected
+        assert len(deleted) == len(gone), "deleted twice"
+        if not pending:  # with nothing pending, every unreferenced file is gone
+            assert gone == known - live - protected
