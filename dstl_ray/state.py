@@ -170,6 +170,11 @@ def join_items(items: list[bytes]) -> bytes:
 
 # ------------------------------------------------------------------ record encoding
 
+# plain ints on the replay path (enum attribute lookups cost more than the work)
+_VSET, _LADD, _LSET, _MPUT, _MREM = (int(Op.VALUE_SET), int(Op.LIST_ADD), int(Op.LIST_SET),
+                                     int(Op.MAP_PUT), int(Op.MAP_REMOVE))
+_CLEARS = frozenset((int(Op.VALUE_CLEAR), int(Op.LIST_CLEAR), int(Op.MAP_CLEAR)))
+_HSIZE, _HUNPACK = HDR.size, HDR.unpack_from
 _OPS = {StateKind.VALUE: frozenset((Op.VALUE_SET, Op.VALUE_CLEAR)),
         StateKind.LIST: frozenset((Op.LIST_ADD, Op.LIST_SET, Op.LIST_CLEAR)),
         StateKind.MAP: frozenset((Op.MAP_PUT, Op.MAP_REMOVE, Op.MAP_CLEAR))}
@@ -189,15 +194,15 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
     ``sid_map`` translates the record's state ids (of the log that wrote it) into local ones.
     Raises :class:`FormatError` on a torn or unknown record.
     """
-    if len(rec) < HDR.size:
+    if len(rec) < _HSIZE:
         raise FormatError("torn state change record")
-    ver, op, sid, klen = HDR.unpack_from(rec)
+    ver, op, sid, klen = _HUNPACK(rec)
     if ver != RECORD_VERSION:
         raise FormatError(f"unknown state change record version {ver}")
-    p = HDR.size + klen
+    p = _HSIZE + klen
     if p > len(rec):
         raise FormatError("state change key runs past its record")
-    key = rec[HDR.size:p]
+    key = rec[_HSIZE:p]
     try:
         local = sid_map[sid] if sid_map is not None else sid
         per_kg = tables[local]
@@ -208,14 +213,14 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
     d = per_kg.get(kg)
     if d is None:
         d = per_kg[kg] = {}
-    if op == Op.VALUE_SET:
+    if op == _VSET:
         d[key] = rec[p:]
-    elif op == Op.MAP_PUT or op == Op.MAP_REMOVE:
+    elif op in (_MPUT, _MREM):
         if p + 4 > len(rec):
             raise FormatError("torn map record")
         (ulen,) = U32.unpack_from(rec, p)
         ukey = rec[p + 4:p + 4 + ulen]
-        if op == Op.MAP_PUT:
+        if op == _MPUT:
             m = d.get(key)
             if m is None:
                 m = d[key] = {}
@@ -226,19 +231,19 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
                 m.pop(ukey, None)
                 if not m:
                     del d[key]
-    elif op == Op.LIST_ADD:
+    elif op == _LADD:
         lst = d.get(key)
         if lst is None:
             d[key] = [rec[p:]]
         else:
             lst.append(rec[p:])
-    elif op == Op.LIST_SET:
+    elif op == _LSET:
         items = split_items(rec[p:])
         if items:
             d[key] = items
         else:
             d.pop(key, None)
-    elif op in (Op.VALUE_CLEAR, Op.LIST_CLEAR, Op.MAP_CLEAR):
+    elif op in _CLEARS:
         d.pop(key, None)
     else:
         raise FormatError(f"unknown state change op {op}")
