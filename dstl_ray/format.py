@@ -200,11 +200,29 @@ def _decompress(stored: bytes, raw_len: int, path: str | None, offset: int) -> b
     return raw
 
 
+def read_prefixed(buf: bytes, pos: int, end: int, count: int, what: str, path: str | None,
+                  offset: int) -> tuple[list[bytes], int]:
+    """``count`` values, each a u32 length then its bytes, from ``buf[pos:end]``; returns the
+    values and the position after them. Every length is checked against ``end`` before use."""
+    values = []
+    unpack_u32 = _U32.unpack_from
+    for _ in range(count):
+        if pos + 4 > end:
+            raise FormatError(f"{what} length runs past its end", path=path, offset=offset)
+        (ln,) = unpack_u32(buf, pos)
+        pos += 4
+        if ln > end - pos:
+            raise FormatError(f"{what} runs past its end", path=path, offset=offset)
+        values.append(buf[pos:pos + ln])
+        pos += ln
+    return values, pos
+
+
 def _decode_payload(raw: bytes, n_changesets: int, path: str | None, offset: int
                     ) -> tuple[tuple[int, tuple[bytes, ...]], ...]:
     out: list[tuple[int, tuple[bytes, ...]]] = []
     pos, end = 0, len(raw)
-    unpack_cs, unpack_u32 = _CS_HEAD.unpack_from, _U32.unpack_from
+    unpack_cs = _CS_HEAD.unpack_from
     for _ in range(n_changesets):
         if pos + _CS_HEAD.size > end:
             raise FormatError("changeset header runs past its block", path=path, offset=offset)
@@ -213,16 +231,7 @@ def _decode_payload(raw: bytes, n_changesets: int, path: str | None, offset: int
         if n * 4 > end - pos:
             raise FormatError(f"changeset {sqn} claims {n} entries, more than its block holds",
                               path=path, offset=offset)
-        values = []
-        for _ in range(n):
-            if pos + 4 > end:
-                raise FormatError("entry length runs past its block", path=path, offset=offset)
-            (ln,) = unpack_u32(raw, pos)
-            pos += 4
-            if ln > end - pos:
-                raise FormatError("entry runs past its block", path=path, offset=offset)
-            values.append(raw[pos:pos + ln])
-            pos += ln
+        values, pos = read_prefixed(raw, pos, end, n, "entry", path, offset)
         out.append((sqn, tuple(values)))
     if pos != end:
         raise FormatError("block payload has trailing bytes", path=path, offset=offset)

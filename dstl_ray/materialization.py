@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import FormatError, HandleError
-from .format import crc32c
+from .format import crc32c, read_prefixed
 from .handle import check_relative_path
 from .keygroups import KeyGroupRange
 from .state import StateKind, encode_full
@@ -146,17 +146,9 @@ def decode_section(data: bytes, kg: int, path: str, offset: int) -> Iterator[byt
     if actual != crc:
         raise FormatError(f"CRC32C mismatch (stored {crc:#010x}, computed {actual:#010x})",
                           path=path, offset=offset)
-    pos, end, unpack = 0, len(payload), _U32.unpack_from
-    for _ in range(n):
-        if pos + 4 > end:
-            raise FormatError("torn record length", path=path, offset=offset)
-        (ln,) = unpack(payload, pos)
-        pos += 4
-        if ln > end - pos:
-            raise FormatError("record runs past its section", path=path, offset=offset)
-        yield payload[pos:pos + ln]
-        pos += ln
-    if pos != end:
+    records, pos = read_prefixed(payload, 0, len(payload), n, "record", path, offset)
+    yield from records
+    if pos != len(payload):
         raise FormatError("section has trailing bytes", path=path, offset=offset)
 
 
