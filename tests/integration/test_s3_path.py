@@ -49,6 +49,17 @@ def _append(writers, expected, tag, size=16):
             expected[i].setdefault(kg, []).append(v)
 
 
+def _persist_all(writers):
+    """persist_durably(after=0) on every writer; the handles once all are durable."""
+    return [f.result(timeout=60) for f in [w.persist_durably(0) for w in writers]]
+
+
+def _assert_restores(handles, expected):
+    """Every handle restores exactly what its writer appended."""
+    for h, exp in zip(handles, expected, strict=True):
+        assert h.read_all() == exp
+
+
 def _root_status(tree):
     return [s for s in tree.status() if s.get("root")][0]
 
@@ -62,7 +73,7 @@ def test_tree_flushes_to_s3_and_restores(tree_factory, namespace, s3_env):
     expected = [{} for _ in writers]
     for cp in range(3):
         _append(writers, expected, f"cp{cp}")
-        handles = [f.result(timeout=60) for f in [w.persist_durably(0) for w in writers]]
+        handles = _persist_all(writers)
     for i, h in enumerate(handles):
         assert h.job_path.startswith("s3://")
         assert h.read_all() == expected[i]  # restore from S3
@@ -96,9 +107,8 @@ def test_injected_5xx_and_timeouts_are_retried(tree_factory, namespace, s3_env):
     clients, writers = _writers(tree, namespace, "jobr", nodes=3)
     expected = [{} for _ in writers]
     _append(writers, expected, "a")
-    handles = [f.result(timeout=60) for f in [w.persist_durably(0) for w in writers]]
-    for i, h in enumerate(handles):
-        assert h.read_all() == expected[i]
+    handles = _persist_all(writers)
+    _assert_restores(handles, expected)
     up = _root_status(tree)["upload"]
     assert up["retries"] == 3 and up["timeouts"] == 1 and up["errors"] == 2
     assert up["failures"] == 0
@@ -128,9 +138,8 @@ def test_every_attempt_fails_then_next_checkpoint_succeeds(tree_factory, namespa
     assert all(w.retained_sqns() for w in writers)  # nothing appended is lost
     assert _root_status(tree)["upload"]["failures"] == 1
     _append(writers, expected, "after")  # the fault cleared (the script is used up)
-    handles = [f.result(timeout=60) for f in [w.persist_durably(0) for w in writers]]
-    for i, h in enumerate(handles):
-        assert h.read_all() == expected[i]
+    handles = _persist_all(writers)
+    _assert_restores(handles, expected)
     for c in clients:
         c.close()
 
@@ -144,7 +153,7 @@ def test_hedged_request_leaves_no_stray_object(tree_factory, namespace, s3_env):
     expected = [{} for _ in writers]
     _append(writers, expected, "h")
     t0 = time.monotonic()
-    handles = [f.result(timeout=60) for f in [w.persist_durably(0) for w in writers]]
+    handles = _persist_all(writers)
     assert time.monotonic() - t0 < 1.4  # the hedge won; nobody waited for the straggler
     (path,) = {s.path for h in handles for s in h.segments}
     assert path.endswith("-a2.dstl")
@@ -157,8 +166,7 @@ def test_hedged_request_leaves_no_stray_object(tree_factory, namespace, s3_env):
         time.sleep(0.2)
     assert (up["hedged"], up["hedge_wins"]) == (1, 1)
     assert s3.keys("t-hedge/") == [f"t-hedge/jobh/{path}"]
-    for i, h in enumerate(handles):
-        assert h.read_all() == expected[i]
+    _assert_restores(handles, expected)
     for c in clients:
         c.close()
 
