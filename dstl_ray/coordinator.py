@@ -150,6 +150,10 @@ class CheckpointCoordinator:
                 snaps.append(f.result(timeout=300))
             except BaseException as e:  # noqa: BLE001 - any failure declines
                 error = error or e
+        return self._commit(n, snaps, error)
+
+    def _commit(self, n: int, snaps: list[KeyedStateSnapshot], error: BaseException | None
+                ) -> CompletedCheckpoint:
         url = join(self.job_path, f"chk-{n}", METADATA_FILE)
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps))
@@ -175,6 +179,33 @@ class CheckpointCoordinator:
         for old in subsumed:
             self._discard(old)
         return cc
+
+    def complete_checkpoint(self, checkpoint_id: int, snapshots: list[KeyedStateSnapshot]
+                            ) -> CompletedCheckpoint:
+        """Complete checkpoint ``checkpoint_id`` from snapshots taken elsewhere (backends in
+        other processes, e.g. Spark tasks; the id is the micro-batch id). It must be newer
+        than every retained checkpoint: see :meth:`drop_checkpoints_from` for a replay."""
+        with self._lock:
+            newest = self._retained[-1].checkpoint_id if self._retained else -1
+            if checkpoint_id <= newest or checkpoint_id in self._pending:
+                raise CheckpointDeclinedError(
+                    f"checkpoint {checkpoint_id} of job {self.job_id}: checkpoint {newest} is "
+                    f"already complete (ids must grow)")
+            self._next_id = max(self._next_id, checkpoint_id + 1)
+        self.registry.checkpoint_started(checkpoint_id)
+        return self._finisher.submit(self._commit, checkpoint_id, list(snapshots),
+                                     None).result()
+
+    def drop_checkpoints_from(self, checkpoint_id: int) -> list[int]:
+        """Forget retained checkpoints with id >= ``checkpoint_id`` (their metadata first,
+        then their references), so a replayed micro-batch can complete them anew from the
+        older state; returns the dropped ids."""
+        with self._lock:
+            gone = [c for c in self._retained if c.checkpoint_id >= checkpoint_id]
+            self._retained = [c for c in self._retained if c.checkpoint_id < checkpoint_id]
+        for cc in reversed(gone):
+            self._discard(cc)
+        return [c.checkpoint_id for c in gone]
 
     def _discard(self, cc: CompletedCheckpoint) -> None:
         """Subsume: delete the metadata first (never a metadata naming deleted files), then

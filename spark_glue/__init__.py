@@ -2,7 +2,9 @@
 inside a Spark task's Python worker."""
 
 from .nearest import connect, nearest_node_name
+from .operator import BatchStats, KeyedStatefulOperator
 from .session import gcs_address, spark_session, start_spark, stop_spark
+from .worker import KeyedState
 
-__all__ = ["connect", "gcs_address", "nearest_node_name", "spark_session", "start_spark",
-           "stop_spark"]
+__all__ = ["BatchStats", "KeyedState", "KeyedStatefulOperator", "connect", "gcs_address",
+           "nearest_node_name", "spark_session", "start_spark", "stop_spark"]

@@ -1,0 +1,232 @@
+"""The executor side of :class:`~spark_glue.operator.KeyedStatefulOperator`: one Spark task per
+operator subtask, running in a Spark Python worker process.
+
+Each worker process caches the backend of every subtask it ran (design.md "Spark glue"), so a
+micro-batch normally applies its rows to state already in memory and only uploads the changes
+(FLIP-158 "Performing a checkpoint"). The cache is trusted only when it holds exactly the state
+of the checkpoint the driver says is the latest complete one, in the driver's current epoch; a
+retried task, a task that lands in another process, or a replay after a driver restart finds
+no such entry and restores from that checkpoint (FLIP-158 "Recovery and rescaling"). A task
+that fails half-way marks its entry dirty, so no later task builds on half-applied rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dstl_ray.backend import ChangelogKeyedStateBackend
+from dstl_ray.keygroups import key_group_range_for_subtask
+from dstl_ray.recovery import assign_sources, load_checkpoint
+
+UpdateFn = Callable[[Any, list[Any], "KeyedState"], Iterable[Any] | None]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task of one micro-batch needs (shipped to the workers with the closure)."""
+
+    job_id: str
+    operator_id: str
+    namespace: str
+    gcs_address: str
+    parallelism: int
+    max_parallelism: int
+    materialization_interval: float | None
+    update: UpdateFn
+    batch_id: int
+    epoch: str
+    restore_id: int  # latest complete checkpoint (-1: none, start empty)
+    restore_url: str | None
+    persist_timeout_s: float = 120.0
+
+
+class ValueView:
+    """ValueState of the current key."""
+
+    def __init__(self, state: Any, key: Any) -> None:
+        self._s, self._k = state, key
+
+    def get(self, default: Any = None) -> Any:
+        return self._s.value(self._k, default)
+
+    def set(self, value: Any) -> None:
+        self._s.update(self._k, value)
+
+    def clear(self) -> None:
+        self._s.clear(self._k)
+
+
+class ListView:
+    """ListState of the current key."""
+
+    def __init__(self, state: Any, key: Any) -> None:
+        self._s, self._k = state, key
+
+    def get(self) -> list[Any]:
+        return self._s.get(self._k)
+
+    def add(self, value: Any) -> None:
+        self._s.add(self._k, value)
+
+    def update(self, values: list[Any]) -> None:
+        self._s.update(self._k, values)
+
+    def clear(self) -> None:
+        self._s.clear(self._k)
+
+
+class MapView:
+    """MapState of the current key."""
+
+    def __init__(self, state: Any, key: Any) -> None:
+        self._s, self._k = state, key
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        return self._s.get(self._k, user_key, default)
+
+    def put(self, user_key: Any, value: Any) -> None:
+        self._s.put(self._k, user_key, value)
+
+    def remove(self, user_key: Any) -> None:
+        self._s.remove(self._k, user_key)
+
+    def items(self) -> dict[Any, Any]:
+        return self._s.items(self._k)
+
+    def clear(self) -> None:
+        self._s.clear(self._k)
+
+
+class KeyedState:
+    """The states of one key, handed to the user's update function."""
+
+    def __init__(self, backend: ChangelogKeyedStateBackend, key: Any) -> None:
+        self.key = key
+        self._b = backend
+
+    def value(self, name: str) -> ValueView:
+        return ValueView(self._b.value_state(name), self.key)
+
+    def list(self, name: str) -> ListView:
+        return ListView(self._b.list_state(name), self.key)
+
+    def map(self, name: str) -> MapView:
+        return MapView(self._b.map_state(name), self.key)
+
+
+@dataclass
+class _Entry:
+    backend: ChangelogKeyedStateBackend
+    epoch: str
+    holds: int | None  # the checkpoint id whose state the backend holds; None = dirty
+    restores: int = 0
+
+
+@dataclass
+class _Cache:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    clients: dict[tuple[str, str], Any] = field(default_factory=dict)
+    entries: dict[tuple[str, str, int, int], _Entry] = field(default_factory=dict)
+
+
+_CACHE = _Cache()
+
+
+def _client(spec: TaskSpec) -> Any:
+    from dstl_ray.client import StateChangelogClient
+
+    from .nearest import connect
+
+    connect(spec.gcs_address, spec.namespace)
+    key = (spec.namespace, spec.job_id)
+    with _CACHE.lock:
+        c = _CACHE.clients.get(key)
+        if c is None:
+            c = _CACHE.clients[key] = StateChangelogClient(spec.job_id,
+                                                           namespace=spec.namespace)
+        return c
+
+
+def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBackend:
+    kgr = key_group_range_for_subtask(spec.max_parallelism, spec.parallelism, index)
+    sources = []
+    if spec.restore_url is not None:
+        cc = load_checkpoint(spec.restore_url)
+        sources = assign_sources(cc, spec.operator_id, spec.parallelism)[index]
+    return ChangelogKeyedStateBackend(client, spec.operator_id, kgr, spec.max_parallelism,
+                                      restore=sources,
+                                      materialization_interval=spec.materialization_interval)
+
+
+def backend_for(spec: TaskSpec, index: int, retry: bool) -> tuple[_Entry, float]:
+    """The cached backend of subtask ``index`` if it holds exactly the restore checkpoint's
+    state in this epoch (and the task is not a retry), else a freshly restored one. The
+    returned entry is marked dirty until the caller finishes the batch."""
+    key = (spec.namespace, spec.job_id + "/" + spec.operator_id, spec.parallelism, index)
+    client = _client(spec)
+    with _CACHE.lock:
+        e = _CACHE.entries.get(key)
+    restore_s = 0.0
+    if e is None or retry or e.epoch != spec.epoch or e.holds != spec.restore_id:
+        if e is not None:
+            e.backend.close()
+        t0 = time.perf_counter()
+        backend = _restore(spec, index, client)
+        restore_s = time.perf_counter() - t0
+        e = _Entry(backend, spec.epoch, None, (e.restores if e else 0) + 1)
+        with _CACHE.lock:
+            _CACHE.entries[key] = e
+    e.holds = None
+    return e, restore_s
+
+
+def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
+                  ) -> Iterator[dict[str, Any]]:
+    """Apply one subtask's rows of the micro-batch, snapshot, and report the snapshot."""
+    from pyspark import TaskContext
+
+    t0 = time.perf_counter()
+    ctx = TaskContext.get()
+    attempt = ctx.attemptNumber() if ctx else 0
+    # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
+    # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
+    stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
+    entry, restore_s = backend_for(spec, index, retry=attempt > 0 or stage_attempt > 0)
+    backend = entry.backend
+    by_key: dict[Any, list[Any]] = {}
+    n = 0
+    for _subtask, (key, row) in rows:
+        by_key.setdefault(key, []).append(row)
+        n += 1
+    outputs: list[Any] = []
+    for key, key_rows in by_key.items():
+        out = spec.update(key, key_rows, KeyedState(backend, key))
+        if out is not None:
+            outputs.extend(out)
+    t1 = time.perf_counter()
+    snap = backend.snapshot().result(timeout=spec.persist_timeout_s)
+    t2 = time.perf_counter()
+    entry.holds = spec.batch_id
+    client = _client(spec)
+    yield {
+        "index": index, "snapshot": json.dumps(snap.to_dict()), "outputs": outputs,
+        "rows": n, "keys": len(by_key), "attempt": attempt, "stage_attempt": stage_attempt,
+        "restored": restore_s > 0 or entry.restores > 0 and attempt > 0,
+        "restore_s": restore_s, "apply_s": t1 - t0 - restore_s, "snapshot_s": t2 - t1,
+        "node": client.node_name, "chosen_by": getattr(client.transport, "chosen_by", ""),
+        "raylet_pid": os.environ.get("RAY_RAYLET_PID", ""), "pid": os.getpid(),
+        "materializations": backend.materializations,
+    }
+
+
+def subtask_of(key: Any, max_parallelism: int, parallelism: int) -> int:
+    """Flink's operator index for the key's key group (the inverse of the range split)."""
+    from dstl_ray.keygroups import assign_key_group
+
+    return assign_key_group(key, max_parallelism) * parallelism // max_parallelism

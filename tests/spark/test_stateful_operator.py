@@ -1,0 +1,180 @@
+"""The stateful foreachBatch operator on RayDP over several Ray nodes: its durable state equals
+a plain batch recomputation of all input under task retries, a driver restart in the window
+between checkpoint completion and Spark's commit, a node-actor kill and an executor kill; and
+every task's changes enter the tree at its own executor's node actor."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from pyspark import cloudpickle
+
+from spark_glue import KeyedStatefulOperator
+
+# the update functions below are shipped by value: Spark's Python workers cannot import tests
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "user STRING, amount LONG"
+
+
+def write_events(folder: Path, n_files: int, per_file: int, seed: int, start: int = 0) -> None:
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + n_files):
+        lines = [json.dumps({"user": f"u{rng.randint(0, 60)}", "amount": rng.randint(1, 100)})
+                 for _ in range(per_file)]
+        tmp = folder / f".f{i:04d}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.rename(folder / f"f{i:04d}.json")
+
+
+def count_and_sum(key, rows, state):
+    """Per-user count, sum, last-5 amounts (ListState) and a histogram (MapState)."""
+    c, s = state.value("count"), state.value("sum")
+    c.set(c.get(0) + len(rows))
+    s.set(s.get(0) + sum(r["amount"] for r in rows))
+    hist = state.map("hist")
+    for r in rows:
+        b = r["amount"] // 25
+        hist.put(b, hist.get(b, 0) + 1)
+    return [(key, c.get(), s.get())]
+
+
+def flaky_count_and_sum(key, rows, state):
+    """Fails the first attempt of the task holding u7, after other keys were applied."""
+    from pyspark import TaskContext
+
+    if key == "u7" and TaskContext.get().attemptNumber() == 0:
+        raise RuntimeError("injected failure on the first attempt")
+    return count_and_sum(key, rows, state)
+
+
+def expected(spark, folder: Path) -> dict[str, dict]:
+    rows = spark.read.schema(SCHEMA).json(str(folder)).collect()
+    out: dict[str, dict] = {"count": {}, "sum": {}, "hist": {}}
+    for r in rows:
+        u = r["user"]
+        out["count"][u] = out["count"].get(u, 0) + 1
+        out["sum"][u] = out["sum"].get(u, 0) + r["amount"]
+        h = out["hist"].setdefault(u, {})
+        h[r["amount"] // 25] = h.get(r["amount"] // 25, 0) + 1
+    return out
+
+
+def run_stream(spark, op, src: Path, chk: Path, timeout: float = 240.0):
+    q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
+         .writeStream.foreachBatch(op).option("checkpointLocation", str(chk)).start())
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    return q
+
+
+def test_exactly_once_under_task_retries(spark, tree_factory, namespace, tmp_path):
+    tree = tree_factory(persist_delay_s=0.02)
+    src = tmp_path / "in"
+    write_events(src, 4, 200, seed=1)
+    sunk: dict[int, list] = {}
+    op = KeyedStatefulOperator("retries", key="user", update=flaky_count_and_sum,
+                               namespace=namespace, parallelism=4, max_parallelism=32,
+                               materialization_interval=0.0,
+                               sink=lambda b, out: sunk.__setitem__(b, out))
+    run_stream(spark, op, src, tmp_path / "chk")
+    assert op.state() == expected(spark, src)
+    assert [s.batch_id for s in op.history] == [0, 1, 2, 3]
+    assert all(s.retries >= 1 for s in op.history)  # every batch retried u7's task
+    assert sorted(sunk) == [0, 1, 2, 3]
+    last = {}
+    for b in sorted(sunk):
+        for user, c, _s in sunk[b]:
+            last[user] = c
+    assert last == expected(spark, src)["count"]
+    # every task entered the tree at its own executor's node actor
+    by_pid = {s["raylet_pid"]: s["name"] for s in tree.status()}
+    for s in op.history:
+        for i, node in s.nodes.items():
+            assert s.chosen_by[i] == "RAY_RAYLET_PID"
+            assert by_pid[s.raylet_pids[i]] == node
+    assert len({n for s in op.history for n in s.nodes.values()}) >= 2
+    op.close()
+
+
+class _CrashAfterCheckpoint(Exception):
+    pass
+
+
+def test_driver_restart_between_checkpoint_and_spark_commit(spark, tree_factory, namespace,
+                                                            tmp_path):
+    tree_factory(persist_delay_s=0.02)
+    src, chk = tmp_path / "in", tmp_path / "chk"
+    write_events(src, 5, 150, seed=2)
+    committed: dict[int, list] = {}
+
+    def crashing_sink(batch_id, out):
+        if batch_id == 2:  # checkpoint 2 is complete; Spark's commit log will not have it
+            raise _CrashAfterCheckpoint("driver dies after the checkpoint")
+        committed[batch_id] = out
+
+    op1 = KeyedStatefulOperator("restart", key="user", update=count_and_sum,
+                                namespace=namespace, parallelism=3, max_parallelism=32,
+                                materialization_interval=0.0, sink=crashing_sink)
+    with pytest.raises(Exception, match="driver dies"):
+        run_stream(spark, op1, src, chk)
+    assert op1.coordinator.latest_checkpoint().checkpoint_id == 2
+    op1.coordinator.shutdown()  # the driver is gone: its coordinator's memory with it
+    op2 = KeyedStatefulOperator("restart", key="user", update=count_and_sum,
+                                namespace=namespace, parallelism=3, max_parallelism=32,
+                                materialization_interval=0.0,
+                                sink=lambda b, out: committed.__setitem__(b, out))
+    run_stream(spark, op2, src, chk)
+    assert [s.batch_id for s in op2.history] == [2, 3, 4]
+    assert op2.history[0].replayed and op2.history[0].restores == 3
+    assert op2.state() == expected(spark, src)
+    assert sorted(committed) == [0, 1, 2, 3, 4]
+    op2.close()
+
+
+def _executors() -> list:
+    from ray.util.state import list_actors
+
+    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+            if "Executor" in (a.class_name or "")]
+
+
+def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path):
+    tree = tree_factory(persist_delay_s=0.02)
+    src, chk = tmp_path / "in", tmp_path / "chk"
+    write_events(src, 3, 150, seed=3)
+    op = KeyedStatefulOperator("loss", key="user", update=count_and_sum, namespace=namespace,
+                               parallelism=4, max_parallelism=32, materialization_interval=1.0)
+    q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
+         .writeStream.foreachBatch(op).option("checkpointLocation", str(chk)).start())
+    try:
+        q.processAllAvailable()
+        used = sorted({n for s in op.history for n in s.nodes.values()})
+        ray.kill(ray.get_actor(used[0], namespace=namespace), no_restart=False)
+        execs = _executors()
+        assert execs, "no RayDP executor actors found"
+        ray.kill(ray.get_actor(execs[0].name, namespace=execs[0].ray_namespace),
+                 no_restart=False)
+        write_events(src, 3, 150, seed=4, start=3)
+        deadline = time.time() + 240
+        while len(op.history) < 6 and time.time() < deadline:
+            if q.exception() is not None:
+                raise q.exception()
+            time.sleep(0.5)
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert [s.batch_id for s in op.history] == list(range(6))
+    assert op.state() == expected(spark, src)
+    assert sum(s.restores for s in op.history[3:]) >= 1
+    assert tree.status()
+    op.close()
