@@ -89,6 +89,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from spark_glue.demo import run_pipeline_demo
+
+    return run_pipeline_demo(args)
+
+
+def cmd_demo_changelog(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args)
@@ -137,11 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", default="dstl-trace.png")
     tr.set_defaults(func=cmd_trace)
 
-    demo = sub.add_parser("demo", help="run the main demo job on a local Ray cluster")
-    demo.add_argument("--base-path", default=None, help="default: ./demo-data")
-    demo.add_argument("--writers", type=int, default=8)
-    demo.add_argument("--checkpoints", type=int, default=5)
+    from spark_glue.demo import add_arguments
+
+    demo = sub.add_parser("demo", help="run the main job: a stateful PySpark stream on RayDP "
+                          "over a local 3-node Ray cluster, with a failure, checked against "
+                          "a batch recomputation")
+    add_arguments(demo)
     demo.set_defaults(func=cmd_demo)
+    dc = sub.add_parser("demo-changelog", help="the changelog alone: writers, checkpoints "
+                        "with truncation, restores checked")
+    dc.add_argument("--base-path", default=None, help="default: ./demo-data")
+    dc.add_argument("--writers", type=int, default=8)
+    dc.add_argument("--checkpoints", type=int, default=5)
+    dc.set_defaults(func=cmd_demo_changelog)
     return p
 
 

@@ -58,6 +58,9 @@ class BatchStats:
     nodes: dict[int, str] = field(default_factory=dict)  # subtask -> node actor it used
     chosen_by: dict[int, str] = field(default_factory=dict)
     raylet_pids: dict[int, str] = field(default_factory=dict)
+    restore_s: float = 0.0  # slowest subtask's restore (0 when every cache hit)
+    apply_s: float = 0.0  # slowest subtask's update function time
+    finished_at: float = field(default_factory=time.time)
 
 
 class KeyedStatefulOperator:
@@ -161,7 +164,8 @@ class KeyedStatefulOperator:
                 1 for r in results if r["attempt"] > 0 or r["stage_attempt"] > 0), replayed,
             {r["index"]: r["node"] for r in results},
             {r["index"]: r["chosen_by"] for r in results},
-            {r["index"]: r["raylet_pid"] for r in results})
+            {r["index"]: r["raylet_pid"] for r in results},
+            max(r["restore_s"] for r in results), max(r["apply_s"] for r in results))
         self.history.append(stats)
         return stats
 

@@ -1,0 +1,230 @@
+"""``make demo`` / ``dstl-ray demo``: the main job, a stateful PySpark stream on RayDP.
+
+Starts a local Ray cluster of 3 nodes (``ray.cluster_utils.Cluster``), deploys the changelog
+tree on ``file://`` under ./demo-data, and runs a Structured Streaming pipeline on RayDP
+(3 executors spread over the nodes): generated user events arrive as files; per-user counts,
+sums and amount histograms are kept by :class:`KeyedStatefulOperator`, one checkpoint per
+micro-batch, with periodic materialization. Half-way it kills the node actor that the most
+tasks used and a Spark executor, and measures how long until the next checkpoint completes.
+At the end the state of the last checkpoint, restored from storage, must equal a plain Spark
+batch recomputation over all input; the demo exits non-zero if it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .pipeline import SCHEMA, count_and_sum, diff, recompute, write_event_file
+
+NS = "dstl_demo"
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def _kill_executor() -> str:
+    import ray
+    from ray.util.state import list_actors
+
+    execs = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+             if "Executor" in (a.class_name or "") and a.name]
+    if not execs:
+        return "none found"
+    a = execs[0]
+    ray.kill(ray.get_actor(a.name, namespace=a.ray_namespace), no_restart=False)
+    return a.name
+
+
+def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot([s.finished_at - t0 for s in history], [s.checkpoint_s * 1000 for s in history],
+            "o-", ms=3, label="checkpoint (persist + metadata)")
+    ax.plot([s.finished_at - t0 for s in history], [s.batch_s * 1000 for s in history],
+            ".", alpha=0.5, label="whole micro-batch")
+    if fail_at is not None:
+        ax.axvline(fail_at - t0, color="red", ls="--", label="node actor + executor killed")
+    ax.set_xlabel("time since the stream started (s)")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title("dstl-ray demo: per-micro-batch checkpoint latency (3 Ray nodes, RayDP)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def run_pipeline_demo(args: argparse.Namespace) -> int:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from dstl_ray import ChangelogConfig, deploy
+
+    from .operator import KeyedStatefulOperator
+    from .session import start_spark, stop_spark
+
+    base = Path(os.path.abspath(args.base_path or "demo-data"))
+    shutil.rmtree(base, ignore_errors=True)
+    src, out_dir = base / "input", base / "output"
+    out_dir.mkdir(parents=True)
+    print(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}", flush=True)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    spark = None
+    stop = threading.Event()
+    try:
+        tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS), detached=False)
+        print(f"[demo] changelog tree: {len(tree.status())} node actors on file://{base}/dstl",
+              flush=True)
+        spark = start_spark("dstl-demo", num_executors=3, executor_cores=1,
+                            executor_memory="512M")
+        print("[demo] Spark on RayDP: 3 executors spread over the Ray nodes", flush=True)
+
+        def sink(batch_id: int, outputs: list[Any]) -> None:  # idempotent by batch id
+            tmp = out_dir / f".batch-{batch_id:06d}.tmp"
+            tmp.write_text("\n".join(json.dumps(o) for o in outputs) + "\n")
+            tmp.rename(out_dir / f"batch-{batch_id:06d}.jsonl")
+
+        op = KeyedStatefulOperator("demo-job", key="user", update=count_and_sum,
+                                   namespace=NS, parallelism=args.parallelism, max_parallelism=128,
+                                   materialization_interval=args.materialization_interval,
+                                   sink=sink)
+        produced = [0]
+
+        def generate() -> None:
+            i = 0
+            while not stop.is_set():
+                produced[0] += write_event_file(src, i, args.events_per_file, args.users, 42)
+                i += 1
+                stop.wait(args.file_interval)
+
+        write_event_file(src, 10**4, 1, args.users, 42)  # the source needs its folder
+        gen = threading.Thread(target=generate, daemon=True, name="demo-events")
+        gen.start()
+        q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 4).json(str(src))
+             .writeStream.foreachBatch(op).option("checkpointLocation", str(base / "spark-chk"))
+             .start())
+        t0 = time.time()
+        fail_at: float | None = None
+        killed: tuple[str, str] | None = None
+        last_print = 0.0
+        def recovered() -> bool:
+            return fail_at is not None and any(s.finished_at > fail_at for s in op.history)
+
+        # run for the duration, and in a short run at least until a checkpoint completed
+        # after the failure (bounded)
+        while time.time() - t0 < args.duration or (
+                args.inject and not recovered() and time.time() - t0 < args.duration + 180):
+            if q.exception() is not None:
+                raise RuntimeError(f"the stream failed: {q.exception()}")
+            now = time.time()
+            if (fail_at is None and args.inject and now - t0 >= args.duration / 2
+                    and len(op.history) >= 2):
+                used = Counter(n for s in op.history for n in s.nodes.values())
+                node = used.most_common(1)[0][0]
+                ray.kill(ray.get_actor(node, namespace=NS), no_restart=False)
+                killed = (node, _kill_executor())
+                fail_at = time.time()
+                print(f"[demo] t={fail_at - t0:4.0f}s FAILURE: killed node actor {node} and "
+                      f"executor {killed[1]}", flush=True)
+            if now - last_print >= 5 and op.history:
+                h = op.history
+                lat = [s.checkpoint_s * 1000 for s in h[-10:]]
+                print(f"[demo] t={now - t0:4.0f}s batches={len(h):3d} "
+                      f"rows={sum(s.rows for s in h):7d} events-produced={produced[0]:7d} "
+                      f"checkpoint p50 (last 10)={statistics.median(lat):6.1f} ms", flush=True)
+                last_print = now
+            time.sleep(0.5)
+        stop.set()
+        gen.join()
+        print("[demo] input stopped; draining the stream", flush=True)
+        q.processAllAvailable()
+        q.stop()
+        h = op.history
+        recovery_s = None
+        if fail_at is not None:
+            after = [s for s in h if s.finished_at > fail_at]
+            recovery_s = (after[0].finished_at - fail_at) if after else None
+        print("[demo] checking the last checkpoint's state against a batch recomputation",
+              flush=True)
+        got = op.state()
+        want = recompute(spark, src)
+        problems = diff(got, want)
+        st = tree.status()
+        lat = [s.checkpoint_s * 1000 for s in h]
+        summary = {
+            "batches": len(h), "checkpoints": len(h), "replayed_batches": sum(s.replayed
+                                                                              for s in h),
+            "rows": sum(s.rows for s in h), "users": len(want["count"]),
+            "checkpoint_ms_p50": round(_pct(lat, 0.5), 1),
+            "checkpoint_ms_p99": round(_pct(lat, 0.99), 1),
+            "batch_ms_p50": round(_pct([s.batch_s * 1000 for s in h], 0.5), 1),
+            "restore_ms_p50": round(_pct([s.restore_s * 1000 for s in h], 0.5), 1),
+            "apply_ms_p50": round(_pct([s.apply_s * 1000 for s in h], 0.5), 1),
+            "changelog_files": sum(s["files_flushed"] for s in st),
+            "changelog_bytes": sum(s["bytes_flushed"] for s in st),
+            "files_per_checkpoint": round(sum(s["files_flushed"] for s in st) / max(1, len(h)),
+                                          2),
+            "task_retries": sum(s.retries for s in h), "backend_restores": sum(s.restores
+                                                                               for s in h),
+            "killed": list(killed) if killed else None,
+            "recovery_s": round(recovery_s, 2) if recovery_s is not None else None,
+            "state_matches_recomputation": not problems,
+        }
+        op.close()
+        print("\n[demo] summary")
+        width = max(len(k) for k in summary)
+        for k, v in summary.items():
+            print(f"  {k:<{width}}  {v}")
+        (base / "summary.json").write_text(json.dumps(summary, indent=2))
+        png = base / "checkpoint_latency.png"
+        _plot(h, t0, fail_at, png)
+        print(f"[demo] wrote {png} and {base / 'summary.json'}")
+        if problems:
+            print("[demo] FAILED: the state differs from the recomputation:")
+            for p in problems:
+                print("   ", p)
+            return 1
+        if args.inject and recovery_s is None:
+            print("[demo] FAILED: no checkpoint completed after the failure")
+            return 1
+        print("[demo] OK: the state equals the batch recomputation of all input")
+        return 0
+    finally:
+        stop.set()
+        if spark is not None:
+            stop_spark()
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-path", default=None, help="default: ./demo-data")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of input (60)")
+    p.add_argument("--events-per-file", type=int, default=1000)
+    p.add_argument("--parallelism", type=int, default=3, help="operator subtasks (3)")
+    p.add_argument("--file-interval", type=float, default=0.5, help="seconds between files")
+    p.add_argument("--users", type=int, default=5000)
+    p.add_argument("--materialization-interval", type=float, default=10.0)
+    p.add_argument("--no-failure", dest="inject", action="store_false",
+                   help="do not kill a node actor and an executor half-way")

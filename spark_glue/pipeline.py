@@ -1,0 +1,68 @@
+"""The main job's pieces: generated user events, the per-user update function, and the plain
+batch recomputation the streaming result is checked against (``make demo``, tests, bench)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "user STRING, amount LONG"
+BUCKET = 25  # histogram bucket width of amounts
+
+
+def write_event_file(folder: Path, index: int, events: int, users: int, seed: int) -> int:
+    """Write ``events`` JSON events atomically as ``events-{index}.json`` (a file source only
+    sees complete files); returns the number written."""
+    rng = random.Random(seed * 1_000_003 + index)
+    lines = [json.dumps({"user": f"u{rng.randrange(users)}", "amount": rng.randint(1, 100)})
+             for _ in range(events)]
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".events-{index:05d}.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.rename(folder / f"events-{index:05d}.json")
+    return events
+
+
+def count_and_sum(key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int]]:
+    """Per user: event count and amount sum (ValueState) and a histogram of amounts by bucket
+    (MapState); emits (user, count, sum) for the sink."""
+    count, total = state.value("count"), state.value("sum")
+    count.set(count.get(0) + len(rows))
+    total.set(total.get(0) + sum(r["amount"] for r in rows))
+    hist = state.map("hist")
+    for r in rows:
+        b = r["amount"] // BUCKET
+        hist.put(b, hist.get(b, 0) + 1)
+    return [(key, count.get(), total.get())]
+
+
+def recompute(spark: Any, folder: Path | str) -> dict[str, dict[Any, Any]]:
+    """The same result as a plain Spark batch job over all input, shaped like
+    :meth:`KeyedStatefulOperator.state`: {"count": {user: n}, "sum": {...}, "hist": {...}}."""
+    from pyspark.sql import functions as F
+
+    df = spark.read.schema(SCHEMA).json(str(folder))
+    agg = df.groupBy("user").agg(F.count("*").alias("n"), F.sum("amount").alias("s")).collect()
+    hist_rows = (df.withColumn("b", F.floor(F.col("amount") / BUCKET).cast("long"))
+                 .groupBy("user", "b").count().collect())
+    hist: dict[Any, dict[Any, int]] = {}
+    for r in hist_rows:
+        hist.setdefault(r["user"], {})[r["b"]] = r["count"]
+    return {"count": {r["user"]: r["n"] for r in agg},
+            "sum": {r["user"]: r["s"] for r in agg}, "hist": hist}
+
+
+def diff(got: dict[str, dict[Any, Any]], want: dict[str, dict[Any, Any]], limit: int = 5
+         ) -> list[str]:
+    """Human-readable differences (empty when equal)."""
+    out = []
+    for name in sorted(set(got) | set(want)):
+        g, w = got.get(name, {}), want.get(name, {})
+        for k in sorted(set(g) | set(w), key=str):
+            if g.get(k) != w.get(k):
+                out.append(f"{name}[{k}]: state {g.get(k)!r}, recomputation {w.get(k)!r}")
+                if len(out) >= limit:
+                    return out
+    return out
