@@ -93,7 +93,8 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
     spark = None
     stop = threading.Event()
     try:
-        tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS), detached=False)
+        tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
+                  detached=False)
         print(f"[demo] changelog tree: {len(tree.status())} node actors on file://{base}/dstl",
               flush=True)
         spark = start_spark("dstl-demo", num_executors=3, executor_cores=1,

@@ -172,6 +172,14 @@ def backend_for(spec: TaskSpec, index: int, retry: bool) -> tuple[_Entry, float]
     client = _client(spec)
     with _CACHE.lock:
         e = _CACHE.entries.get(key)
+        # entries of this operator that can never be used again (older epoch or state) are
+        # closed: their writers would stay registered sources of the node actor, and its
+        # "every source is pending" trigger would wait for them (one file per checkpoint)
+        stale = [k for k, x in _CACHE.entries.items() if k != key and k[:2] == key[:2]
+                 and (x.epoch != spec.epoch or x.holds != spec.restore_id)]
+        dropped = [_CACHE.entries.pop(k) for k in stale]
+    for x in dropped:
+        x.backend.close()
     restore_s = 0.0
     if e is None or retry or e.epoch != spec.epoch or e.holds != spec.restore_id:
         if e is not None:
