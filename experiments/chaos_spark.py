@@ -1,0 +1,203 @@
+"""Chaos for the Spark pipeline (issue "Reliability", part 2): the main job's stateful stream on
+RayDP over a 3-node Ray cluster, with seeded random faults and a plain batch recomputation of
+all input so far as the oracle after every round.
+
+Each round adds input files and runs the stream until it has processed them, injecting faults
+picked by a seeded RNG at random moments:
+
+* ``executor_kill``: a RayDP executor actor is killed (Spark loses its tasks, blocks, workers);
+* ``node_actor_kill``: a changelog node actor is killed mid-stream (Ray restarts it);
+* ``task_failure``: the update function fails the first attempt of the tasks holding a victim
+  key, after other keys of the task were applied;
+* ``driver_restart``: the driver dies right after a checkpoint completed and before Spark's
+  commit log (the sink raises); a new operator and query resume from the same checkpoint
+  location, and Spark replays the batch.
+
+After each round: the state of the latest checkpoint, restored from storage, must equal the
+recomputation (changes lost = keys whose count or sum differ). At the end a new operator
+start runs orphan cleanup, and storage must hold exactly the retained checkpoints' files.
+
+Run: python -m experiments.chaos_spark [--quick] [--seed N]
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import machine, parser, plt, write_results
+
+NS = "chaos-spark"
+KINDS = ("executor_kill", "node_actor_kill", "task_failure", "driver_restart")
+FLAG = {"dir": ""}
+
+
+def chaotic_update(key: Any, rows: list[Any], state: Any) -> list[Any]:
+    """The main job's update, failing a task's first attempt while a flag file names a key."""
+    from pyspark import TaskContext
+
+    from spark_glue.pipeline import count_and_sum
+
+    flag = os.path.join(FLAG["dir"], "fail-key")
+    if os.path.exists(flag) and TaskContext.get().attemptNumber() == 0:
+        with open(flag) as f:
+            if f.read().strip() == key:
+                raise RuntimeError(f"chaos: task failure on key {key}")
+    return count_and_sum(key, rows, state)
+
+
+class _DriverDies(Exception):
+    pass
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=0)
+    args = p.parse_args()
+    rounds = args.rounds or (3 if args.quick else 12)
+
+    import ray
+    from pyspark import cloudpickle
+    from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
+
+    from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.storage import get_storage
+    from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
+    from spark_glue.pipeline import SCHEMA, diff, recompute, write_event_file
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="chaos-spark-"))
+    FLAG["dir"] = str(work / "flags")
+    os.makedirs(FLAG["dir"])
+    src, chk, base = work / "input", work / "spark-chk", work / "dstl"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    faults: dict[str, int] = dict.fromkeys(KINDS, 0)
+    events: list[dict[str, Any]] = []
+    lost = verified = leaked = 0
+    checkpoints = recoveries = 0
+    t_start = time.time()
+    try:
+        tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
+                      detached=False)
+        spark = start_spark("chaos-spark", num_executors=3, executor_cores=1,
+                            executor_memory="512M")
+        state = {"die_at": None}
+
+        def sink(batch_id: int, _out: list[Any]) -> None:
+            if state["die_at"] is not None and batch_id >= state["die_at"]:
+                state["die_at"] = None
+                raise _DriverDies(f"chaos: driver dies after checkpoint {batch_id}")
+
+        def new_op() -> Any:
+            return KeyedStatefulOperator("chaos", key="user", update=chaotic_update,
+                                         namespace=NS, parallelism=3, max_parallelism=64,
+                                         materialization_interval=5.0, sink=sink)
+
+        op = new_op()
+        n_files = 0
+        for r in range(rounds):
+            for _ in range(4):
+                write_event_file(src, n_files, 400, 300, seed=args.seed)
+                n_files += 1
+            kinds = rng.sample(KINDS, rng.randint(1, 3))
+            q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                 .json(str(src)).writeStream.foreachBatch(op)
+                 .option("checkpointLocation", str(chk)).start())
+            pending = list(kinds)
+            done_before = len(op.history)
+            while pending:  # inject at random moments while the round runs
+                time.sleep(rng.uniform(0.5, 3.0))
+                kind = pending.pop()
+                if kind == "executor_kill":
+                    ex = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
+                          if "Executor" in (a.class_name or "") and a.name]
+                    if ex:
+                        a = rng.choice(ex)
+                        ray.kill(ray.get_actor(a.name, namespace=a.ray_namespace),
+                                 no_restart=False)
+                elif kind == "node_actor_kill":
+                    name = rng.choice([s["name"] for s in tree.status()])
+                    ray.kill(ray.get_actor(name, namespace=NS), no_restart=False)
+                elif kind == "task_failure":
+                    Path(FLAG["dir"], "fail-key").write_text(f"u{rng.randrange(300)}")
+                elif kind == "driver_restart":
+                    state["die_at"] = len(op.history) and op.history[-1].batch_id + 1
+                faults[kind] += 1
+                events.append({"round": r, "kind": kind, "t": round(time.time() - t_start, 2)})
+            deadline = time.time() + 300
+            while True:  # run the round to the end, restarting the driver when it died
+                try:
+                    q.processAllAvailable()
+                    q.stop()
+                    break
+                except Exception as e:  # noqa: BLE001 - the driver "died"
+                    if "chaos: driver dies" not in str(e) or time.time() > deadline:
+                        raise
+                    q.stop()
+                    checkpoints += len(op.history)
+                    op.coordinator.shutdown()
+                    op = new_op()  # a new driver: new coordinator, new epoch
+                    recoveries += 1
+                    q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                         .json(str(src)).writeStream.foreachBatch(op)
+                         .option("checkpointLocation", str(chk)).start())
+            Path(FLAG["dir"], "fail-key").unlink(missing_ok=True)
+            recoveries += sum(1 for k in kinds if k != "driver_restart")
+            want = recompute(spark, src)
+            problems = diff(op.state(), want, limit=10_000)
+            lost += len(problems)
+            verified += sum(want["count"].values())
+            print(f"[chaos_spark] round {r}: faults {kinds}, batches "
+                  f"{len(op.history) - done_before}, state "
+                  f"{'OK' if not problems else f'{len(problems)} DIFFERENCES'}", flush=True)
+        checkpoints += len(op.history)
+        op.close()
+        # a new start runs orphan cleanup; storage must hold exactly the retained files
+        op = new_op()
+        keep = {u for c in op.coordinator.completed_checkpoints() for u in c.files.values()}
+        keep |= {c.metadata_url for c in op.coordinator.completed_checkpoints()}
+        job = f"file://{base}/chaos"
+        have = set(get_storage(job).list_files(job))
+        leaked = len(have - keep)
+        missing = len(keep - have)
+        op.close()
+        stop_spark()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    data = {
+        "seed": args.seed, "rounds": rounds, "faults_injected": sum(faults.values()),
+        "faults_by_kind": faults, "recoveries": recoveries,
+        "checkpoints_completed": checkpoints, "changes_verified": verified,
+        "changes_lost": lost, "leaked_files": leaked, "missing_files": missing,
+        "duration_s": round(time.time() - t_start, 1), "events": events, "machine": machine(),
+    }
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(7, 3))
+    ax.bar(list(faults), list(faults.values()), color="tab:red")
+    ax.set_ylabel("faults injected")
+    ax.set_title(f"Spark pipeline chaos: {verified} events verified, {lost} lost, "
+                 f"{leaked} leaked files")
+    write_results("chaos_spark", data, fig, args.out)
+    if lost or leaked or missing:
+        raise SystemExit(f"chaos_spark FAILED: lost={lost} leaked={leaked} missing={missing}")
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: None  # a dying query's threads must not spam stderr
+    main()
