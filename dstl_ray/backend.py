@@ -51,7 +51,7 @@ from .state import (
     StateKind,
     TaggedSerializer,
     ValueStateDescriptor,
-    apply_record,
+    apply_records,
     encode,
     join_items,
 )
@@ -289,12 +289,10 @@ class ChangelogKeyedStateBackend:
                     if isinstance(comp, MaterializedHandle):
                         url = comp.url(src.base_path, src.own_dir)
                         for kg, recs in read_sections(self._storage, url, comp, mine):
-                            for r in recs:
-                                apply_record(r, self._tables, self._kinds, kg, sid_map)
+                            apply_records(recs, self._tables, self._kinds, kg, sid_map)
                     else:
                         for kg, recs in comp.handle.read_all(key_groups=mine).items():
-                            for r in recs:
-                                apply_record(r, self._tables, self._kinds, kg, sid_map)
+                            apply_records(recs, self._tables, self._kinds, kg, sid_map)
                 except (FormatError, StorageError, HandleError, StateError) as e:
                     path = getattr(e, "path", None) or next(
                         (u for u in files.values() if u in str(e)), ", ".join(files.values()))

@@ -256,3 +256,32 @@ def encode_full(sid: int, kind: StateKind, key: bytes, value: Any) -> list[bytes
     if kind is StateKind.LIST:
         return [encode(Op.LIST_SET, sid, key, join_items(value))]
     return [encode(Op.MAP_PUT, sid, key, v, uk) for uk, v in value.items()]
+
+
+def apply_records(recs: list[bytes], tables: list[dict[int, dict]], kinds: list[StateKind],
+                  kg: int, sid_map: list[int] | None = None) -> None:
+    """:func:`apply_record` over many records of key group ``kg`` (the replay loop of
+    FLIP-158 "Recovery and rescaling"): value sets, the bulk of a changelog, are applied
+    inline with the same checks; every other op goes through :func:`apply_record`."""
+    hsize, hunpack, vset, version = _HSIZE, _HUNPACK, _VSET, RECORD_VERSION
+    value_tables: dict[int, dict | None] = {}  # record sid -> this kg's value table, or None
+    for rec in recs:
+        if len(rec) >= hsize:
+            ver, op, sid, klen = hunpack(rec)
+            if op == vset and ver == version and hsize + klen <= len(rec):
+                d = value_tables.get(sid, False)
+                if d is False:
+                    d = None
+                    local = sid_map[sid] if sid_map is not None and sid < len(sid_map) else (
+                        sid if sid_map is None else -1)
+                    if 0 <= local < len(tables) and kinds[local] is StateKind.VALUE:
+                        per_kg = tables[local]
+                        d = per_kg.get(kg)
+                        if d is None:
+                            d = per_kg[kg] = {}
+                    value_tables[sid] = d
+                if d is not None:
+                    p = hsize + klen
+                    d[rec[hsize:p]] = rec[p:]
+                    continue
+        apply_record(rec, tables, kinds, kg, sid_map)  # other ops, and every error
