@@ -194,7 +194,8 @@ class ChangelogKeyedStateBackend:
                  max_parallelism: int, *, materialization_interval: float | None = 10.0,
                  serializer: Serializer | None = None, clock: Callable[[], float] = time.monotonic,
                  restore: Sequence[RestoreSource] = (),
-                 executor: concurrent.futures.Executor | None = None) -> None:
+                 executor: concurrent.futures.Executor | None = None,
+                 materialize_in_background: bool = False) -> None:
         if not key_group_range.end < max_parallelism:
             raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
                                 f"{max_parallelism}")
@@ -225,6 +226,12 @@ class ChangelogKeyedStateBackend:
         self.materialization_failures = 0
         self._restore(restore)
         self._writer = client.create_writer(operator_id, key_group_range)
+        self._stop = threading.Event()
+        if materialize_in_background and materialization_interval is not None:
+            # FLIP-158 "Materializing state changes" runs on its own schedule, not only when
+            # a checkpoint asks: a timer thread starts one whenever the interval has passed
+            threading.Thread(target=self._materialization_timer, daemon=True,
+                             name=f"dstl-mat-timer-{operator_id}").start()
 
     # ------------------------------------------------------------------ states
 
@@ -454,6 +461,15 @@ class ChangelogKeyedStateBackend:
             self.materializations += 1
             self._repin()
 
+    def _materialization_timer(self) -> None:
+        assert self.materialization_interval is not None
+        tick = max(0.01, min(1.0, self.materialization_interval / 4))
+        while not self._stop.wait(tick):
+            try:
+                self.maybe_materialize()
+            except DstlError as e:  # a failed start is retried at the next tick
+                log.warning("periodic materialization of %s: %s", self.operator_id, e)
+
     def wait_materialization(self, timeout: float | None = None) -> None:
         f = self._mat_future
         if f is not None:
@@ -486,6 +502,7 @@ class ChangelogKeyedStateBackend:
         and materialized files that no checkpoint includes are deleted (via the registry)."""
         if self._closed:
             return
+        self._stop.set()
         f = self._mat_future
         if f is not None:
             concurrent.futures.wait([f], timeout=60)
