@@ -58,6 +58,7 @@ class BatchStats:
     nodes: dict[int, str] = field(default_factory=dict)  # subtask -> node actor it used
     chosen_by: dict[int, str] = field(default_factory=dict)
     raylet_pids: dict[int, str] = field(default_factory=dict)
+    executors: dict[int, str] = field(default_factory=dict)  # subtask -> Spark executor id
     restore_s: float = 0.0  # slowest subtask's restore (0 when every cache hit)
     apply_s: float = 0.0  # slowest subtask's update function time
     finished_at: float = field(default_factory=time.time)
@@ -78,7 +79,7 @@ class KeyedStatefulOperator:
                  namespace: str | None = None, operator_id: str = "keyed",
                  parallelism: int | None = None, max_parallelism: int = 128,
                  materialization_interval: float | None = 10.0, retained: int = 3,
-                 sink: Sink | None = None, spark: Any = None) -> None:
+                 sink: Sink | None = None, spark: Any = None, sticky: bool = True) -> None:
         from dstl_ray.client import StateChangelogClient
         from dstl_ray.config import ChangelogConfig
 
@@ -101,6 +102,8 @@ class KeyedStatefulOperator:
         self.sink = sink
         self._spark = spark
         self._parallelism = parallelism
+        self.sticky = sticky  # keep each subtask on its executor (spark_glue.placement)
+        self._placement: dict[int, str] = {}
         self._client = StateChangelogClient(job_id, namespace=self.namespace)
         self.base_path = self._client.transport.base_path
         self.gcs_address = gcs_address()
@@ -165,11 +168,13 @@ class KeyedStatefulOperator:
             {r["index"]: r["node"] for r in results},
             {r["index"]: r["chosen_by"] for r in results},
             {r["index"]: r["raylet_pid"] for r in results},
-            max(r["restore_s"] for r in results), max(r["apply_s"] for r in results))
+            {r["index"]: r["executor"] or "" for r in results}, max(r["restore_s"] for r in results), max(r["apply_s"] for r in results))
         self.history.append(stats)
         return stats
 
     def _run(self, df: Any, spec: TaskSpec) -> list[dict[str, Any]]:
+        from .placement import executor_hosts, pinned_rdd, plan
+
         key, maxp, p = self.key, spec.max_parallelism, spec.parallelism
 
         def route(row: Any) -> tuple[int, tuple[Any, Any]]:
@@ -179,12 +184,31 @@ class KeyedStatefulOperator:
         def task(index: int, rows: Any) -> Any:
             return run_partition(spec, index, rows)
 
-        rdd = df.rdd.map(route).partitionBy(p, lambda s: s)
-        results = rdd.mapPartitionsWithIndex(task).collect()
+        routed = df.rdd.map(route).partitionBy(p, lambda s: s)
+        per_subtask = routed.mapPartitionsWithIndex(task)  # one result per partition
+        sc = routed.context
+        hosts: dict[str, str] = {}
+        if self.sticky:
+            try:
+                hosts = executor_hosts(sc)
+            except Exception as e:  # noqa: BLE001 - placement is an optimization only
+                log.warning("no executor placement (%s): subtasks run anywhere", e)
+        if hosts:
+            from pyspark.serializers import BatchedSerializer, CPickleSerializer
+
+            # zipped with the pinned RDD, task i runs where the placement says; the state
+            # work stays in ONE Python worker per task (the routed side's pipeline), and the
+            # pairs are decoded on the driver, so no second worker competes for the cache
+            placement = plan(p, self._placement, hosts)
+            mine = per_subtask._reserialize(BatchedSerializer(CPickleSerializer(), 1))
+            results = [r for r, _i in mine.zip(pinned_rdd(sc, placement, hosts, p)).collect()]
+        else:
+            results = per_subtask.collect()
         got = sorted(r["index"] for r in results)
         if got != list(range(p)):
             raise RuntimeError(f"batch {spec.batch_id}: expected one result per subtask "
                                f"0..{p - 1}, got {got}")
+        self._placement = {r["index"]: r["executor"] for r in results if r["executor"]}
         return sorted(results, key=lambda r: r["index"])
 
     # ------------------------------------------------------------------ state

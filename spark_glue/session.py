@@ -20,6 +20,9 @@ DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "false",
+    # operator subtasks prefer the executor holding their cached state (spark_glue.placement);
+    # a host-level shuffle preference would let any executor on a shared host take them
+    "spark.shuffle.reduceLocality.enabled": "false",
 }
 
 

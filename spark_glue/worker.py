@@ -24,6 +24,8 @@ from dstl_ray.backend import ChangelogKeyedStateBackend
 from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.recovery import assign_sources, load_checkpoint
 
+from .placement import executor_id
+
 UpdateFn = Callable[[Any, list[Any], "KeyedState"], Iterable[Any] | None]
 
 
@@ -229,6 +231,7 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
         "restore_s": restore_s, "apply_s": t1 - t0 - restore_s, "snapshot_s": t2 - t1,
         "node": client.node_name, "chosen_by": getattr(client.transport, "chosen_by", ""),
         "raylet_pid": os.environ.get("RAY_RAYLET_PID", ""), "pid": os.getpid(),
+        "executor": executor_id(),
         "materializations": backend.materializations,
     }
 
