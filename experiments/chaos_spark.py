@@ -67,12 +67,12 @@ def main() -> None:
     import ray
     from pyspark import cloudpickle
     from ray.cluster_utils import Cluster
-    from ray.util.state import list_actors
 
     from dstl_ray import ChangelogConfig, deploy
     from dstl_ray.storage import get_storage
     from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
     from spark_glue.pipeline import SCHEMA, diff, recompute, write_event_file
+    from spark_glue.session import kill_executor
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     rng = random.Random(args.seed)
@@ -123,12 +123,7 @@ def main() -> None:
                 time.sleep(rng.uniform(0.5, 3.0))
                 kind = pending.pop()
                 if kind == "executor_kill":
-                    ex = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-                          if "Executor" in (a.class_name or "") and a.name]
-                    if ex:
-                        a = rng.choice(ex)
-                        ray.kill(ray.get_actor(a.name, namespace=a.ray_namespace),
-                                 no_restart=False)
+                    kill_executor(rng.randrange(3))
                 elif kind == "node_actor_kill":
                     name = rng.choice([s["name"] for s in tree.status()])
                     ray.kill(ray.get_actor(name, namespace=NS), no_restart=False)

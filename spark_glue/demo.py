@@ -35,19 +35,6 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def _kill_executor() -> str:
-    import ray
-    from ray.util.state import list_actors
-
-    execs = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-             if "Executor" in (a.class_name or "") and a.name]
-    if not execs:
-        return "none found"
-    a = execs[0]
-    ray.kill(ray.get_actor(a.name, namespace=a.ray_namespace), no_restart=False)
-    return a.name
-
-
 def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> None:
     import matplotlib
 
@@ -78,7 +65,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
     from dstl_ray import ChangelogConfig, deploy
 
     from .operator import KeyedStatefulOperator
-    from .session import start_spark, stop_spark
+    from .session import kill_executor, start_spark, stop_spark
 
     base = Path(os.path.abspath(args.base_path or "demo-data"))
     shutil.rmtree(base, ignore_errors=True)
@@ -144,7 +131,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
                 used = Counter(n for s in op.history for n in s.nodes.values())
                 node = used.most_common(1)[0][0]
                 ray.kill(ray.get_actor(node, namespace=NS), no_restart=False)
-                killed = (node, _kill_executor())
+                killed = (node, kill_executor() or "none found")
                 fail_at = time.time()
                 print(f"[demo] t={fail_at - t0:4.0f}s FAILURE: killed node actor {node} and "
                       f"executor {killed[1]}", flush=True)

@@ -70,3 +70,27 @@ def gcs_address() -> str:
     import ray
 
     return ray.get_runtime_context().gcs_address
+
+
+def executor_actors() -> list[tuple[str, str]]:
+    """(name, namespace) of the live RayDP executor actors, from the GCS (works without the
+    dashboard, which a second Ray cluster on the same machine may not get)."""
+    import ray
+
+    return sorted((a["name"], a["namespace"])
+                  for a in ray.util.list_named_actors(all_namespaces=True)
+                  if "executor" in a["name"].lower())
+
+
+def kill_executor(index: int = 0) -> str:
+    """Kill one RayDP executor actor (failure injection in demos, chaos runs and tests);
+    returns its name, or "" if there is none."""
+    import ray
+
+    execs = executor_actors()
+    if not execs:
+        return ""
+    name, ns = execs[index % len(execs)]
+    ray.kill(ray.get_actor(name, namespace=ns), no_restart=False)
+    return name
+

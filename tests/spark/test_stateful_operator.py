@@ -16,6 +16,7 @@ import ray
 from pyspark import cloudpickle
 
 from spark_glue import KeyedStatefulOperator
+from spark_glue.session import kill_executor
 
 # the update functions below are shipped by value: Spark's Python workers cannot import tests
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -141,13 +142,6 @@ def test_driver_restart_between_checkpoint_and_spark_commit(spark, tree_factory,
     op2.close()
 
 
-def _executors() -> list:
-    from ray.util.state import list_actors
-
-    return [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=1000)
-            if "Executor" in (a.class_name or "")]
-
-
 def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path):
     tree = tree_factory(persist_delay_s=0.02)
     src, chk = tmp_path / "in", tmp_path / "chk"
@@ -160,10 +154,7 @@ def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace,
         q.processAllAvailable()
         used = sorted({n for s in op.history for n in s.nodes.values()})
         ray.kill(ray.get_actor(used[0], namespace=namespace), no_restart=False)
-        execs = _executors()
-        assert execs, "no RayDP executor actors found"
-        ray.kill(ray.get_actor(execs[0].name, namespace=execs[0].ray_namespace),
-                 no_restart=False)
+        assert kill_executor(), "no RayDP executor actor found"
         write_events(src, 3, 150, seed=4, start=3)
         deadline = time.time() + 240
         while len(op.history) < 6 and time.time() < deadline:
