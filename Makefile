@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench lint clean
+.PHONY: setup demo test test-fast bench compare lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,11 @@ EXPERIMENTS ?= append_throughput file_flood tree_scale_sim trace_path
 
 bench: $(STAMP)
 	for e in $(EXPERIMENTS); do $(BIN)/python -m experiments.$$e $(BENCH_ARGS) || exit 1; done
+
+# dstl-ray vs Flink 2.3's changelog backend at 1/2/4 nodes (Flink runs from its own venv,
+# FLINK_VENV, created on first use)
+compare: $(STAMP)
+	$(BIN)/python -m experiments.vs_flink $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .

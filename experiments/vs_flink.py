@@ -1,0 +1,229 @@
+"""dstl-ray vs Flink's own changelog state backend on the same keyed count, side by side.
+
+Flink: ``experiments/peers/flink_keyed_count.py`` under Flink's own virtual environment
+(``$FLINK_VENV``, default ``~/.cache/dstl-ray/flink-venv``, created with ``apache-flink`` if
+missing): ``INSERT INTO blackhole SELECT k, COUNT(*) FROM datagen GROUP BY k`` at 20,000
+rows/s, parallelism 4, hashmap backend with the changelog on file://, checkpoints every
+200 ms, on a MiniCluster with N TaskManagers.
+
+dstl-ray: N Ray nodes (``ray.cluster_utils.Cluster``), the node-actor tree on file://, 4
+subtask actors spread over the nodes, each a ChangelogKeyedStateBackend counting its keys
+(0..9999) from a generator at 5,000 rows/s; the driver checkpoints every 200 ms (every
+subtask's snapshot, then ``complete_checkpoint``), materialization every 10 s as Flink's.
+
+Both: checkpoints completed, end-to-end duration percentiles, changelog and all files
+created per checkpoint (a poller records every file name seen), bytes per checkpoint, and
+recovery (kill the job, restore from the latest checkpoint, time until a checkpoint of the
+restored job completed). N = 1, 2, 4.
+
+Run: python -m experiments.vs_flink [--quick]   (or: make compare)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import machine, parser, plt, summary, write_results
+
+HERE = Path(__file__).resolve().parent
+NS = "vs-flink"
+KEYS = 10_000
+
+
+class Counter:
+    """One operator subtask: a backend counting keys from a rate-limited generator thread."""
+
+    def __init__(self, index: int, parallelism: int, rate: int, restore_url: str | None,
+                 namespace: str) -> None:
+        import random
+
+        from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient, assign_key_group
+        from dstl_ray.keygroups import key_group_range_for_subtask
+        from dstl_ray.recovery import assign_sources, load_checkpoint
+
+        client = StateChangelogClient("vsflink", namespace=namespace)
+        kgr = key_group_range_for_subtask(128, parallelism, index)
+        sources = (assign_sources(load_checkpoint(restore_url), "count", parallelism)[index]
+                   if restore_url else [])
+        self.b = ChangelogKeyedStateBackend(client, "count", kgr, 128, restore=sources,
+                                            materialization_interval=10.0)
+        self.keys = [k for k in range(KEYS)
+                     if kgr.start <= assign_key_group(k, 128) <= kgr.end]
+        self.rate, self.rng, self.stop = rate, random.Random(index), threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        count = self.b.value_state("count")
+        t0, n = time.perf_counter(), 0
+        while not self.stop.is_set():
+            for _ in range(100):
+                k = self.rng.choice(self.keys)
+                count.update(k, count.value(k, 0) + 1)
+            n += 100
+            ahead = n / self.rate - (time.perf_counter() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def snapshot(self) -> str:
+        return json.dumps(self.b.snapshot().result(timeout=60).to_dict())
+
+
+def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[str, Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
+    from dstl_ray.snapshot import KeyedStateSnapshot
+
+    from .vs_spark_state_store import FileWatcher
+
+    base = work / f"dstl-{nodes}"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    try:
+        tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS), detached=False)
+        node_ids = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+        actor = ray.remote(num_cpus=0, max_concurrency=4)(Counter)
+
+        def start(restore: str | None) -> list[Any]:
+            return [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_ids[i % len(node_ids)], soft=False)).remote(i, 4, 5000, restore, NS)
+                for i in range(4)]
+
+        coord = CheckpointCoordinator("vsflink", f"file://{base}", max_parallelism=128,
+                                      retained=2)
+        cid = [0]
+
+        def checkpoint(actors: list[Any]) -> float:
+            t0 = time.perf_counter()
+            snaps = ray.get([a.snapshot.remote() for a in actors], timeout=120)
+            cid[0] += 1
+            coord.complete_checkpoint(cid[0], [KeyedStateSnapshot.from_dict(
+                json.loads(s), coord.base_path) for s in snaps])
+            return (time.perf_counter() - t0) * 1000
+
+        with FileWatcher(base, interval=0.002) as files:
+            actors = start(None)
+            ray.get([a.snapshot.remote() for a in actors])  # all running
+            durations: list[float] = []
+            t_end = time.time() + seconds
+            while time.time() < t_end:
+                t0 = time.time()
+                durations.append(checkpoint(actors))
+                time.sleep(max(0.0, interval - (time.time() - t0)))
+            latest = coord.latest_checkpoint().metadata_url
+            for a in actors:  # kill the job
+                ray.kill(a)
+            t0 = time.time()
+            actors = start(latest)
+            checkpoint(actors)
+            recovery_s = time.time() - t0
+            for a in actors:
+                ray.kill(a)
+        seen = files.seen
+        changelog = [f for f in seen if f.endswith(".dstl")]
+        sizes = sum(os.path.getsize(f) for f in seen if os.path.exists(f))
+        n = len(durations)
+        st = tree.status()
+        return {"system": "dstl-ray", "nodes": nodes, "parallelism": 4, "seconds": seconds,
+                "interval_ms": interval * 1000, "checkpoints_completed": n,
+                "e2e_ms": summary(durations),
+                "changelog_files_created": len(changelog), "files_created": len(seen),
+                "changelog_files_per_checkpoint": len(changelog) / max(1, n),
+                "files_per_checkpoint": len(seen) / max(1, n),
+                "changelog_bytes_per_checkpoint": sum(s["bytes_flushed"] for s in st) / max(1, n),
+                "bytes_left_per_checkpoint": sizes / max(1, n),
+                "recovery_s": recovery_s}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def flink_python() -> str:
+    venv = Path(os.environ.get("FLINK_VENV", Path.home() / ".cache/dstl-ray/flink-venv"))
+    py = venv / "bin" / "python"
+    if not py.exists():
+        print(f"[vs_flink] creating Flink's own environment in {venv} (apache-flink)",
+              flush=True)
+        subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "apache-flink"],
+                       check=True)
+    return str(py)
+
+
+def flink_side(tms: int, seconds: float, interval: float, work: Path) -> dict[str, Any]:
+    out = work / f"flink-{tms}.json"
+    proc = subprocess.run([flink_python(), str(HERE / "peers" / "flink_keyed_count.py"),
+                           "--out", str(out), "--taskmanagers", str(tms), "--seconds",
+                           str(seconds), "--interval-ms", str(int(interval * 1000)),
+                           "--base", str(work / f"flink-{tms}")], capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0 or not out.exists():
+        return {"system": "flink", "taskmanagers": tms, "error": proc.stderr[-2000:]}
+    r = json.loads(out.read_text())
+    r.pop("restored_from", None)
+    return r
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--seconds", type=float, default=0)
+    p.add_argument("--nodes", default="1,2,4")
+    p.add_argument("--no-flink", action="store_true", help="only the dstl-ray side")
+    args = p.parse_args()
+    seconds = args.seconds or (8 if args.quick else 30)
+    counts = [int(x) for x in args.nodes.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="vs-flink-"))
+    rows = []
+    try:
+        for n in counts:
+            d = dstl_side(n, seconds, 0.2, work)
+            print(f"[vs_flink] dstl-ray {n} nodes: {json.dumps(d)}", flush=True)
+            f = None if args.no_flink else flink_side(n, seconds, 0.2, work)
+            if f:
+                print(f"[vs_flink] flink {n} TMs: {json.dumps(f)[:600]}", flush=True)
+            rows.append({"nodes": n, "dstl_ray": d, "flink": f})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    pyplot = plt()
+    fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(11, 4))
+    xs = [r["nodes"] for r in rows]
+    a1.plot(xs, [r["dstl_ray"]["changelog_files_per_checkpoint"] for r in rows], "o-",
+            label="dstl-ray")
+    a2.plot(xs, [r["dstl_ray"]["e2e_ms"]["p99"] for r in rows], "o-", label="dstl-ray p99")
+    a2.plot(xs, [r["dstl_ray"]["e2e_ms"]["p50"] for r in rows], "o--", label="dstl-ray p50")
+    fl = [r for r in rows if r["flink"] and "e2e_ms" in r["flink"]]
+    if fl:
+        fx = [r["nodes"] for r in fl]
+        a1.plot(fx, [r["flink"]["changelog_files_per_checkpoint"] for r in fl], "s-",
+                label="Flink 2.3 changelog")
+        a2.plot(fx, [r["flink"]["e2e_ms"]["p99"] for r in fl], "s-", label="Flink p99")
+        a2.plot(fx, [r["flink"]["e2e_ms"]["p50"] for r in fl], "s--", label="Flink p50")
+    a1.set(xlabel="nodes / TaskManagers", ylabel="changelog files created per checkpoint")
+    a2.set(xlabel="nodes / TaskManagers", ylabel="checkpoint end-to-end ms", yscale="log")
+    a1.legend()
+    a2.legend(fontsize=8)
+    fig.suptitle("Keyed count, 20k rows/s, parallelism 4, checkpoint every 200 ms, file://")
+    write_results("vs_flink", {"workload": {"rows_per_second": 20000, "parallelism": 4,
+                                            "interval_ms": 200, "seconds": seconds,
+                                            "keys": KEYS},
+                               "runs": rows, "machine": machine(),
+                               "command": " ".join(["python -m experiments.vs_flink",
+                                                    *sys.argv[1:]])}, fig, args.out)
+
+
+if __name__ == "__main__":
+    main()
