@@ -221,8 +221,8 @@ class KeyedStatefulOperator:
         from dstl_ray.keygroups import KeyGroupRange
         from dstl_ray.recovery import assign_sources, load_checkpoint
 
-        url = checkpoint or (self.coordinator.latest_checkpoint().metadata_url
-                             if self.coordinator.latest_checkpoint() else None)
+        latest = self.coordinator.latest_checkpoint()
+        url = checkpoint or (latest.metadata_url if latest else None)
         if url is None:
             return {}
         cc = load_checkpoint(url)

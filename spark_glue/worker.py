@@ -127,7 +127,10 @@ class _Entry:
     backend: ChangelogKeyedStateBackend
     epoch: str
     holds: int | None  # the checkpoint id whose state the backend holds; None = dirty
-    restores: int = 0
+
+    def usable(self, spec: TaskSpec) -> bool:
+        """Holds exactly the restore checkpoint's state, in the driver's current epoch."""
+        return self.epoch == spec.epoch and self.holds == spec.restore_id
 
 
 @dataclass
@@ -166,30 +169,30 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
                                       materialization_interval=spec.materialization_interval)
 
 
-def backend_for(spec: TaskSpec, index: int, retry: bool) -> tuple[_Entry, float]:
+def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
+                ) -> tuple[_Entry, float]:
     """The cached backend of subtask ``index`` if it holds exactly the restore checkpoint's
     state in this epoch (and the task is not a retry), else a freshly restored one. The
     returned entry is marked dirty until the caller finishes the batch."""
     key = (spec.namespace, spec.job_id + "/" + spec.operator_id, spec.parallelism, index)
-    client = _client(spec)
     with _CACHE.lock:
         e = _CACHE.entries.get(key)
         # entries of this operator that can never be used again (older epoch or state) are
         # closed: their writers would stay registered sources of the node actor, and its
         # "every source is pending" trigger would wait for them (one file per checkpoint)
         stale = [k for k, x in _CACHE.entries.items() if k != key and k[:2] == key[:2]
-                 and (x.epoch != spec.epoch or x.holds != spec.restore_id)]
+                 and not x.usable(spec)]
         dropped = [_CACHE.entries.pop(k) for k in stale]
     for x in dropped:
         x.backend.close()
     restore_s = 0.0
-    if e is None or retry or e.epoch != spec.epoch or e.holds != spec.restore_id:
+    if e is None or retry or not e.usable(spec):
         if e is not None:
             e.backend.close()
         t0 = time.perf_counter()
         backend = _restore(spec, index, client)
         restore_s = time.perf_counter() - t0
-        e = _Entry(backend, spec.epoch, None, (e.restores if e else 0) + 1)
+        e = _Entry(backend, spec.epoch, None)
         with _CACHE.lock:
             _CACHE.entries[key] = e
     e.holds = None
@@ -207,7 +210,8 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
     # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
     # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
     stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
-    entry, restore_s = backend_for(spec, index, retry=attempt > 0 or stage_attempt > 0)
+    client = _client(spec)
+    entry, restore_s = backend_for(spec, index, attempt > 0 or stage_attempt > 0, client)
     backend = entry.backend
     by_key: dict[Any, list[Any]] = {}
     n = 0
@@ -223,11 +227,9 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
     snap = backend.snapshot().result(timeout=spec.persist_timeout_s)
     t2 = time.perf_counter()
     entry.holds = spec.batch_id
-    client = _client(spec)
     yield {
         "index": index, "snapshot": json.dumps(snap.to_dict()), "outputs": outputs,
         "rows": n, "keys": len(by_key), "attempt": attempt, "stage_attempt": stage_attempt,
-        "restored": restore_s > 0 or entry.restores > 0 and attempt > 0,
         "restore_s": restore_s, "apply_s": t1 - t0 - restore_s, "snapshot_s": t2 - t1,
         "node": client.node_name, "chosen_by": getattr(client.transport, "chosen_by", ""),
         "raylet_pid": os.environ.get("RAY_RAYLET_PID", ""), "pid": os.getpid(),
