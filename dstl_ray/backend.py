@@ -342,25 +342,34 @@ class ChangelogKeyedStateBackend:
 
     # ------------------------------------------------------------------ snapshots
 
-    def snapshot(self) -> concurrent.futures.Future[KeyedStateSnapshot]:
+    def snapshot(self, checkpoint_id: int = -1
+                 ) -> concurrent.futures.Future[KeyedStateSnapshot]:
         """Checkpoint snapshot: the base (materialized) components + the changelog after
-        the last materialized sqn (FLIP-158 "Performing a checkpoint")."""
+        the last materialized sqn (FLIP-158 "Performing a checkpoint"). ``checkpoint_id``
+        (optional) goes with the persist request, so nodes batch one checkpoint together."""
         self.maybe_materialize()
         with self._lock:
             if self._closed:
                 raise CheckpointError(f"backend of {self.operator_id} is closed")
             base, states, after = self._base, self._states_spec(), self._materialized_sqn
-            pf = self._writer.persist_durably(after=after)
+            pf = self._writer.persist_durably(after=after, checkpoint_id=checkpoint_id)
         out: concurrent.futures.Future[KeyedStateSnapshot] = concurrent.futures.Future()
 
         def done(f: concurrent.futures.Future) -> None:
-            if f.exception() is not None:
-                out.set_exception(f.exception())
-                return
-            h = f.result()
-            self._track(h)
-            comps = base if h.is_empty() else base + (ChangelogComponent(self.job_id, states, h),)
-            out.set_result(KeyedStateSnapshot(self.operator_id, self.key_group_range, comps))
+            try:
+                if f.exception() is not None:
+                    out.set_exception(f.exception())
+                    return
+                h = f.result()
+                self._track(h)
+                comps = (base if h.is_empty()
+                         else base + (ChangelogComponent(self.job_id, states, h),))
+                out.set_result(KeyedStateSnapshot(self.operator_id, self.key_group_range,
+                                                  comps))
+            except BaseException as e:  # noqa: BLE001 - never leave the snapshot pending
+                if not out.done():
+                    out.set_exception(CheckpointError(f"snapshot of {self.operator_id} "
+                                                      f"failed: {type(e).__name__}: {e}"))
 
         pf.add_done_callback(done)
         return out

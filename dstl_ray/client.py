@@ -13,7 +13,7 @@ from typing import Any
 
 from . import tracing
 from .config import ChangelogConfig
-from .errors import ConfigError, NodeUnavailableError
+from .errors import ConfigError, DstlError, NodeUnavailableError
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment
 from .keygroups import KeyGroupRange
@@ -79,6 +79,8 @@ class RayNodeTransport:
         self._cond = threading.Condition()
         self._queue: list[tuple[PersistRequest, concurrent.futures.Future]] = []
         self._sender: threading.Thread | None = None
+        self._deliveries = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="dstl-deliver")
         self._logs: set[str] = set()
         self._stale = True
         self.node_name = ""
@@ -165,21 +167,32 @@ class RayNodeTransport:
                 batch, self._queue = self._queue, []
             try:
                 ref = self._ensure().persist_many.remote([r for r, _ in batch])
-                ref.future().add_done_callback(lambda f, b=batch: self._deliver(b, f))
+                # Ray runs this callback on its own event thread: hand the results to ours,
+                # since what they trigger (writers, backends, users' callbacks, releases)
+                # may call Ray, and a Ray call from Ray's event thread never returns
+                ref.future().add_done_callback(
+                    lambda f, b=batch: self._deliveries.submit(self._deliver, b, f))
             except Exception as e:  # noqa: BLE001 - every request of the batch learns it
                 self._fail(batch, e)
 
     def _deliver(self, batch: list[tuple[PersistRequest, concurrent.futures.Future]],
                  f: concurrent.futures.Future) -> None:
-        e = f.exception()
-        if e is not None:
+        try:
+            e = f.exception()
+            if e is not None:
+                self._fail(batch, e)
+                return
+            results = f.result()
+            if len(results) != len(batch):
+                raise DstlError(f"node actor {self.node_name} answered {len(results)} of "
+                                f"{len(batch)} persist requests")
+            for (_, fut), result in zip(batch, results, strict=True):
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+        except BaseException as e:  # noqa: BLE001 - never leave a writer's future pending
             self._fail(batch, e)
-            return
-        for (_, fut), result in zip(batch, f.result(), strict=True):
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
 
     def _fail(self, batch: list[tuple[PersistRequest, concurrent.futures.Future]],
               e: BaseException) -> None:
@@ -192,6 +205,13 @@ class RayNodeTransport:
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(e)
+
+    def mark(self, log_id: str, checkpoint_id: int) -> None:
+        """Fire and forget: this writer has nothing to send for ``checkpoint_id``."""
+        try:
+            self._ensure().mark.remote(self.job_id, log_id, checkpoint_id)
+        except Exception as e:  # noqa: BLE001 - only batching suffers
+            log.debug("mark of %s failed: %s", log_id, e)
 
     def release(self, segment: Segment, log_id: str, used: bool) -> None:
         import ray

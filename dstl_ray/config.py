@@ -78,6 +78,17 @@ class ChangelogConfig:
     persist_size_threshold: int = _opt(
         10 * MiB, "Send a batch at once when a node buffers this many bytes "
         "(Flink: persist-size-threshold 10 MiB).", 1, 1 << 40)
+    persist_max_wait_s: float = _opt(
+        0.5, "When the persist delay ends while a source that took part in the job's previous "
+        "checkpoint has not sent its request for this one, wait for it up to this long after "
+        "the batch's first request, so one checkpoint stays one file (a checkpoint cannot "
+        "complete before its slowest request anyway; 0: never wait past the delay).",
+        0.0, 600.0)
+    source_idle_s: float = _opt(
+        5.0, "A source (writer or child node) that sent nothing for this long (and for at "
+        "least 4 batching delays) stops counting for the \"every source is pending\" trigger "
+        "until its next request: a killed writer process never unregisters (0: never).",
+        0.0, 86400.0)
     preemptive_persist_threshold: int = _opt(
         5 * MiB, "A writer ships its unpersisted changes before the checkpoint asks once they "
         "pass this size (Flink: preemptive-persist-threshold 5 MiB).", 1, 1 << 40)

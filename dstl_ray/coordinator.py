@@ -128,7 +128,7 @@ class CheckpointCoordinator:
         if error is None:
             for b in backends:
                 try:
-                    futures.append(b.snapshot())
+                    futures.append(b.snapshot(checkpoint_id=n))
                 except DstlError as e:
                     error = e
                     break

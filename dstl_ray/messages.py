@@ -19,6 +19,9 @@ class PersistRequest:
     section: EncodedSection
     source: str  # the sender as its node counts it: a log id (hex) or a child node's name
     trace: tuple[tuple[str, str], ...] = ()  # W3C trace context of the sender's span
+    # the checkpoint this request makes durable (Flink: persist(from, checkpointId)); -1 for a
+    # pre-emptive upload. Nodes use it to keep one checkpoint's requests in one batch.
+    checkpoint_id: int = -1
 
     @property
     def size(self) -> int:

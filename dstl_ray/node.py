@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import resource
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from .storage import join, normalize_url, storage_for
 from .upload import Uploader
 
 log = logging.getLogger(__name__)
+
+REGISTRATION_TIMEOUT_S = 5.0  # an upstream's (un)register_source call, at most
 
 
 @dataclass
@@ -91,6 +94,13 @@ class NodeCounters:
     files_deleted: int = 0
     routed_direct: int = 0  # batches sent straight to an ancestor, skipping hops
     route_failures: int = 0
+    sent_all_pending: int = 0  # batches sent because every source had a request pending
+    sent_size: int = 0  # batches sent because the buffered bytes passed the threshold
+    sent_delay: int = 0  # batches sent by the persist-delay timer
+    sent_late_arrived: int = 0  # sent when the late sources of a checkpoint arrived
+    waits_for_late: int = 0  # batches whose delay was extended for late sources
+    registration_failures: int = 0  # upstream (un)registrations that failed or timed out
+    idle_sources_dropped: int = 0  # sources silent for source_idle_s, no longer waited for
 
 
 class ChangelogNode:
@@ -119,6 +129,12 @@ class ChangelogNode:
         self._uploader = Uploader(self._storage, config)
         self._writers: dict[str, str] = {}  # log id -> job id
         self._children: set[str] = set()  # child nodes that forward to this one
+        self._last_seen: dict[str, float] = {}  # source -> time of its last request
+        # job -> source -> the newest checkpoint id it sent a request (or a mark) for
+        self._ckpt_seen: dict[str, dict[str, int]] = {}
+        self._sent_for: dict[str, int] = {}  # job -> newest checkpoint id with a request here
+        self._marked_up: dict[str, int] = {}  # job -> newest checkpoint id marked upstream
+        self._extended = False  # the delay is over; waiting for late sources of a checkpoint
         self._pending: list[_Pending] = []
         self._pending_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -161,7 +177,12 @@ class ChangelogNode:
             "bytes_flushed": c.bytes_flushed, "forwards": c.forwards,
             "bytes_forwarded": c.bytes_forwarded, "forward_failures": c.forward_failures,
             "flush_failures": c.flush_failures, "files_deleted": c.files_deleted,
-            "routed_direct": c.routed_direct, "route": self._route,
+            "routed_direct": c.routed_direct,
+            "batch_triggers": {"all_pending": c.sent_all_pending, "size": c.sent_size,
+                               "delay": c.sent_delay, "late_arrived": c.sent_late_arrived},
+            "waits_for_late": c.waits_for_late,
+            "idle_sources_dropped": c.idle_sources_dropped,
+            "registration_failures": c.registration_failures, "route": self._route,
             "route_left": self._route_left, "route_failures": c.route_failures,
             "index": self.index, "height": self.height,
             "upload_attempts": self._uploader.stats.attempts,
@@ -173,6 +194,7 @@ class ChangelogNode:
                              "wait_s": round(self._budget.wait_s, 3) if self._budget else 0.0,
                              "peak_in_flight_bytes": self._budget.peak if self._budget else 0},
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
+            "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "incarnation": self.incarnation,
             "metrics": self.metrics.to_dict(),
         }
@@ -203,19 +225,25 @@ class ChangelogNode:
 
     async def register_writer(self, log_id: str, job_id: str) -> None:
         self._writers[log_id] = job_id
+        self._last_seen[log_id] = time.monotonic()
         await self._sync_registration()
 
     async def unregister_writer(self, log_id: str) -> None:
         self._writers.pop(log_id, None)
+        self._last_seen.pop(log_id, None)
+        for seen in self._ckpt_seen.values():
+            seen.pop(log_id, None)
         self._maybe_send_now()
         await self._sync_registration()
 
     async def register_source(self, child: str) -> None:
         self._children.add(child)
+        self._last_seen[child] = time.monotonic()
         await self._sync_registration()
 
     async def unregister_source(self, child: str) -> None:
         self._children.discard(child)
+        self._last_seen.pop(child, None)
         self._maybe_send_now()
         await self._sync_registration()
 
@@ -233,16 +261,24 @@ class ChangelogNode:
         if want == have:
             return
         self._registered_to = want
+        # bounded: registration only helps batching, a persist request must never wait on
+        # an upstream that is gone but not yet declared dead (a removed Ray node)
+        limit = REGISTRATION_TIMEOUT_S
         try:
             if have is not None:
-                await self._actor(have).unregister_source.remote(self.name)
+                await asyncio.wait_for(self._actor(have).unregister_source.remote(self.name),
+                                       limit)
         except Exception as e:  # noqa: BLE001 - a dead upstream forgets us anyway
             log.debug("%s: cannot unregister from %s: %s", self.name, have, e)
         try:
             if want is not None:
-                await self._actor(want).register_source.remote(self.name)
+                await asyncio.wait_for(self._actor(want).register_source.remote(self.name),
+                                       limit)
         except Exception as e:  # noqa: BLE001 - a missing upstream only costs batching delay
-            self._registered_to = None
+            self.counters.registration_failures += 1
+            if self._registered_to == want:
+                self._registered_to = None
+            self._handles.pop(want, None)
             log.warning("%s: cannot register with %s: %s", self.name, want, e)
 
     def _actor(self, name: str) -> Any:
@@ -263,9 +299,10 @@ class ChangelogNode:
         """One writer's request; resolves to the segment holding it once durable."""
         if request.source not in self._writers:
             # registered with an earlier incarnation of this actor (Ray restarted it):
-            # count it as a source again, so batches wait for it
+            # count it as a source again, so batches wait for it; the upstream learns of
+            # us in the background (the request does not wait for that)
             self._writers[request.source] = request.job_id
-            await self._sync_registration()
+            asyncio.get_running_loop().create_task(self._sync_registration())
         segs = await self._enqueue([request], request.source)
         return segs[0]
 
@@ -280,7 +317,7 @@ class ChangelogNode:
         self.counters.requests_from_children += 1
         if source not in self._children:  # registered before this actor was restarted
             self._children.add(source)
-            await self._sync_registration()
+            asyncio.get_running_loop().create_task(self._sync_registration())
         return await self._enqueue(list(requests), source)
 
     async def _enqueue(self, requests: list[PersistRequest], source: str) -> list[Segment]:
@@ -297,12 +334,19 @@ class ChangelogNode:
                  for r in requests] if tracing.enabled() else None
         item = _Pending(requests, loop.create_future(), source, sum(r.size for r in requests),
                         spans)
+        self._last_seen[source] = item.arrived
+        for r in requests:
+            if r.checkpoint_id >= 0:
+                seen = self._ckpt_seen.setdefault(r.job_id, {})
+                seen[source] = max(seen.get(source, -1), r.checkpoint_id)
+                self._sent_for[r.job_id] = max(self._sent_for.get(r.job_id, -1),
+                                               r.checkpoint_id)
         self.counters.requests += 1
         self.metrics.request()
         self._pending.append(item)
         self._pending_bytes += item.size
         if not self._maybe_send_now() and self._timer is None:
-            self._timer = loop.call_later(self._delay(), self._send_batch)
+            self._timer = loop.call_later(self._delay(), self._on_timer)
         try:
             segs = await item.future
         except BaseException as e:
@@ -325,16 +369,119 @@ class ChangelogNode:
             return False
         sources = self._sources()
         pending_sources = {p.source for p in self._pending}
-        if (self._pending_bytes >= self.config.persist_size_threshold
-                or (sources and sources <= pending_sources)):
-            self._send_batch()
-            return True
-        return False
+        if self._pending_bytes >= self.config.persist_size_threshold:
+            self.counters.sent_size += 1
+        elif sources and sources <= pending_sources | self._done_sources():
+            self.counters.sent_all_pending += 1
+        elif self._extended and not self._late_sources():
+            self.counters.sent_late_arrived += 1
+        else:
+            return False
+        self._send_batch()
+        return True
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._pending:
+            waited = time.monotonic() - self._pending[0].arrived
+            left = self.config.persist_max_wait_s - waited
+            if left > 0 and self._late_sources():
+                if not self._extended:
+                    self._extended = True
+                    self.counters.waits_for_late += 1
+                self._timer = asyncio.get_running_loop().call_later(left, self._on_timer)
+                return
+            self.counters.sent_delay += 1
+            self._drop_idle_sources()
+        self._send_batch()
+
+    def _late_sources(self) -> set[str]:
+        """Sources that sent a request for a job's previous checkpoint but not yet for the
+        one pending here: their request is on its way, and the checkpoint cannot complete
+        without it, so waiting keeps the checkpoint in one file at no cost to its duration."""
+        late: set[str] = set()
+        for job, cid in self._newest_checkpoints().items():
+            late |= self._late_for(job, cid)
+        return late
+
+    def _newest_checkpoints(self) -> dict[str, int]:
+        newest: dict[str, int] = {}
+        for p in self._pending:
+            for r in p.requests:
+                if r.checkpoint_id >= 0:
+                    newest[r.job_id] = max(newest.get(r.job_id, -1), r.checkpoint_id)
+        return newest
+
+    def _done_sources(self) -> set[str]:
+        """Sources that already sent (or marked) the newest pending checkpoint of a job:
+        the "every source is pending" trigger need not wait for them."""
+        done: set[str] = set()
+        for job, cid in self._newest_checkpoints().items():
+            done |= {s for s, c in self._ckpt_seen.get(job, {}).items() if c >= cid}
+        return done
+
+    def _late_for(self, job_id: str, checkpoint_id: int) -> set[str]:
+        seen = self._ckpt_seen.get(job_id, {})
+        previous = max((c for c in seen.values() if c < checkpoint_id), default=None)
+        if previous is None:
+            return set()
+        sources = self._sources()
+        return {s for s, c in seen.items() if c == previous and s in sources}
+
+    async def mark(self, job_id: str, source: str, checkpoint_id: int) -> None:
+        """``source`` has nothing (more) to send for ``checkpoint_id``: its changes are
+        durable already or it had none. A batch waiting for it stops waiting; a node that
+        had no request of this checkpoint at all passes the mark to its upstream."""
+        check_relative_path(job_id)
+        if type(checkpoint_id) is not int or checkpoint_id < 0:
+            raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
+        seen = self._ckpt_seen.setdefault(job_id, {})
+        if source in self._sources():
+            seen[source] = max(seen.get(source, -1), checkpoint_id)
+        self._last_seen[source] = time.monotonic()
+        self._maybe_send_now()
+        upstream = self._upstream()
+        if (upstream is not None and self._sent_for.get(job_id, -1) < checkpoint_id
+                and self._marked_up.get(job_id, -1) < checkpoint_id
+                and not self._late_for(job_id, checkpoint_id)
+                and not any(r.job_id == job_id and r.checkpoint_id == checkpoint_id
+                            for p in self._pending for r in p.requests)):
+            self._marked_up[job_id] = checkpoint_id
+            try:
+                self._actor(upstream).mark.remote(job_id, self.name, checkpoint_id)
+            except Exception as e:  # noqa: BLE001 - only batching suffers
+                log.debug("%s: mark to %s failed: %s", self.name, upstream, e)
+
+    def _drop_idle_sources(self) -> None:
+        """A batch had to wait for the delay: forget sources silent for ``source_idle_s``
+        (a killed writer process or a vanished child never unregisters), so later batches go
+        out as soon as every live source is pending again. A dropped source that sends
+        again is counted again (``persist`` / ``persist_batch``)."""
+        if self.config.source_idle_s <= 0:
+            return
+        # never sooner than a few batching delays: a live source that is merely late
+        # (checkpoints taken one writer after another) is still waited for
+        idle_s = max(self.config.source_idle_s, 4 * self._delay())
+        now = time.monotonic()
+        pending = {p.source for p in self._pending}
+        idle = [s for s in self._sources()
+                if s not in pending and now - self._last_seen.get(s, now) > idle_s]
+        for s in idle:
+            self._writers.pop(s, None)
+            self._children.discard(s)
+            self._last_seen.pop(s, None)
+            for seen in self._ckpt_seen.values():
+                seen.pop(s, None)
+        if idle:
+            self.counters.idle_sources_dropped += len(idle)
+            log.info("%s: %d idle source(s) no longer waited for", self.name, len(idle))
+            asyncio.get_running_loop().create_task(self._sync_registration())
 
     def _send_batch(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._extended = False
         batch, self._pending, self._pending_bytes = self._pending, [], 0
         if batch:
             self.counters.batches += 1
@@ -540,6 +687,13 @@ class ChangelogNode:
                     reconcile, self.base_path, self.config, self._order)
             except Exception as e:  # noqa: BLE001 - try again next round
                 log.warning("%s: membership check failed: %s", self.name, e)
+
+    async def set_fault_spec(self, spec: str) -> None:
+        """Testing hook (chaos harness, experiments): replace this node's DFS fault injection
+        (``fault_spec`` syntax, "" for none) for later uploads; in-flight ones keep theirs."""
+        cfg = dataclasses.replace(self.config, fault_spec=spec)  # validates
+        self._storage = storage_for(self.base_path, cfg)
+        self._uploader.storage = self._storage  # later attempts (and their cleanup) use it
 
     async def spans(self, clear: bool = False) -> list[dict[str, Any]]:
         """Spans finished in this actor (tracing ``memory`` mode)."""

@@ -126,7 +126,7 @@ class StateChangelogWriter:
     # ------------------------------------------------------------------ persist
 
     def _send(self, sqns: list[int], preemptive: bool,
-              trace: tuple[tuple[str, str], ...] = ()) -> _Upload:
+              trace: tuple[tuple[str, str], ...] = (), checkpoint_id: int = -1) -> _Upload:
         """Ship changesets ``sqns`` as ONE request (caller holds the lock)."""
         section = encode_section(self._log_bytes, [self._changesets[s] for s in sqns],
                                  self._compression)
@@ -135,7 +135,8 @@ class StateChangelogWriter:
             self._uploads[s] = up
         self._unsent_bytes = 0
         try:
-            fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace))
+            fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace,
+                                                        checkpoint_id))
         except Exception as e:  # noqa: BLE001 - the node is gone; fail this upload only
             fut = concurrent.futures.Future()
             fut.set_exception(e)
@@ -143,6 +144,14 @@ class StateChangelogWriter:
         return up
 
     def _upload_done(self, up: _Upload, fut: concurrent.futures.Future) -> None:
+        try:
+            self._settle(up, fut)
+        except BaseException as e:  # noqa: BLE001 - never leave a persist future pending
+            log.error("completing upload of log %s failed: %r", self.log_id, e)
+            if not up.future.done():
+                up.future.set_exception(e)
+
+    def _settle(self, up: _Upload, fut: concurrent.futures.Future) -> None:
         err = fut.exception()
         release = False
         with self._lock:
@@ -173,8 +182,12 @@ class StateChangelogWriter:
                 self.preemptive_uploads += 1
                 self._send(pending, preemptive=True)
 
-    def persist_durably(self, after: int) -> concurrent.futures.Future[StateChangelogHandle]:
+    def persist_durably(self, after: int, checkpoint_id: int = -1
+                        ) -> concurrent.futures.Future[StateChangelogHandle]:
         """Make every change with sqn > ``after`` durable; resolve to a handle for them.
+
+        ``checkpoint_id`` (optional, as Flink's ``persist(from, checkpointId)``) lets the node
+        actors keep the requests of one checkpoint in one batch, hence one file.
 
         Changesets already uploaded (or uploading) are reused, the rest is sent as ONE
         request to the node actor. On failure the future raises :class:`PersistError` and
@@ -183,6 +196,8 @@ class StateChangelogWriter:
         self._check_open()
         if type(after) is not int or after < 0:
             raise SqnError(f"after must be a non-negative int sqn, got {after!r}")
+        if type(checkpoint_id) is not int or checkpoint_id < -1:
+            raise SqnError(f"checkpoint_id must be an int >= -1, got {checkpoint_id!r}")
         with self._lock:
             self._rollover()
             if after > self._sqn:
@@ -197,7 +212,8 @@ class StateChangelogWriter:
                                        operator=self.operator_id, after=after,
                                        sqn_to=self._sqn) if tracing.enabled() else None
             trace = tuple(tracing.carrier(wspan).items()) if wspan is not None else ()
-            new = self._send(unsent, preemptive=False, trace=trace) if unsent else None
+            new = (self._send(unsent, preemptive=False, trace=trace,
+                              checkpoint_id=checkpoint_id) if unsent else None)
             if wspan is not None:
                 wspan.set_attribute("dstl.bytes_sent", new.size if new else 0)
                 wspan.set_attribute("dstl.changesets", len(needed))
@@ -210,6 +226,11 @@ class StateChangelogWriter:
             for up in uploads:
                 up.used = True
             sqn_to = self._sqn
+        if new is None and checkpoint_id >= 0:
+            # nothing new to send for this checkpoint: tell the node not to wait for us
+            mark = getattr(self._transport, "mark", None)
+            if mark is not None:
+                mark(self.log_id, checkpoint_id)
         result: concurrent.futures.Future[StateChangelogHandle] = concurrent.futures.Future()
         self._combine(result, uploads, after, sqn_to)
         if wspan is not None:

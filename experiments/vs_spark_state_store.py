@@ -63,6 +63,11 @@ class FileWatcher:
             self._scan()
             self._stop.wait(self.interval)
 
+    def names(self) -> set[str]:
+        """Every name seen so far, after one more scan."""
+        self._scan()
+        return set(self.seen)
+
     def __enter__(self) -> FileWatcher:
         self._t.start()
         return self

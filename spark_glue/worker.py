@@ -224,7 +224,7 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
         if out is not None:
             outputs.extend(out)
     t1 = time.perf_counter()
-    snap = backend.snapshot().result(timeout=spec.persist_timeout_s)
+    snap = backend.snapshot(checkpoint_id=spec.batch_id).result(timeout=spec.persist_timeout_s)
     t2 = time.perf_counter()
     entry.holds = spec.batch_id
     yield {

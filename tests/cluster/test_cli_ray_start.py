@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -56,14 +57,21 @@ def test_up_status_checkpoint_down_on_ray_start_cluster(tmp_path):
     address = f"127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    # a token-authenticated cluster (Ray's default once a token exists), with the token in a
+    # file of its own so the test needs no ~/.ray state; the CLI and the driver get only the
+    # token path and must turn token mode on by themselves
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    env["RAY_AUTH_TOKEN_PATH"] = str(token)
     common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={port}",
-                             "--include-dashboard=false", *common], env=env,
+                             "--include-dashboard=false", *common],
+                            env=dict(env, RAY_AUTH_MODE="token"),
                             start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     worker = None
     try:
-        # joining nodes send the cluster's token (same machine: ~/.ray/auth_token)
+        # joining nodes send the cluster's token
         wenv = dict(env, RAY_AUTH_MODE="token")
         deadline = time.monotonic() + 60
         while True:

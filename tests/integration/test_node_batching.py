@@ -157,3 +157,113 @@ def test_unused_preemptive_upload_is_deleted_by_its_node(tree_factory, namespace
         time.sleep(0.1)
     left = _dstl_files(tmp_path / "dfs")
     assert ["file://" + p for p in left] == h.file_paths()
+
+
+def test_dead_writer_is_no_longer_waited_for(tree_factory, namespace, tmp_path):
+    """A writer process that dies never unregisters. After one delay-triggered batch the node
+    drops sources silent for ``source_idle_s``; the next batch goes out as soon as every
+    live writer asked, and a dropped writer that speaks again is counted again."""
+    # a source counts as idle after max(source_idle_s, 4 delays); a node's delay is
+    # persist_delay_s * (1 + height) <= 0.5 s on the session's 5-node tree: <= 2 s of silence
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.25, source_idle_s=0.5)
+    client = StateChangelogClient("jobi", namespace=namespace)
+    live = [client.create_writer(f"w{i}", KeyGroupRange(0, 0)) for i in range(2)]
+    ghost = client.create_writer("ghost", KeyGroupRange(0, 0))  # "its process died"
+    node = tree.node(client.node_name)
+    time.sleep(2.2)  # the ghost is silent for longer than that
+
+    def checkpoint(writers, value):
+        for w in writers:
+            w.append(0, value)
+        t0 = time.monotonic()
+        handles = [f.result(timeout=30) for f in [w.persist_durably(0) for w in writers]]
+        return time.monotonic() - t0, handles
+
+    assert checkpoint(live, b"a")[0] >= 0.2  # waited for the ghost: the delay sent it
+    st = ray.get(node.status.remote())
+    assert st["idle_sources_dropped"] == 1 and st["batch_triggers"]["delay"] == 1
+    assert st["writers"] == 2
+    checkpoint(live, b"b")  # every live writer pending: out at once, not by the timer
+    triggers = ray.get(node.status.remote())["batch_triggers"]
+    assert triggers["delay"] == 1 and triggers["all_pending"] >= 1
+    _, (h,) = checkpoint([ghost], b"c")  # speaks again: a source again, nothing lost
+    assert list(h.get_state_changes(0)) == [b"c"]
+    client.close()
+
+
+def test_a_late_request_of_the_same_checkpoint_joins_its_batch(tree_factory, namespace,
+                                                                tmp_path):
+    """The delay ends while a writer that took part in the previous checkpoint has not sent
+    this one's request: the node waits for it (up to persist_max_wait_s), so the checkpoint
+    stays ONE file. Without it this checkpoint was two files."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.02,
+                        persist_max_wait_s=5.0)
+    client = StateChangelogClient("jobl", namespace=namespace)
+    ws = [client.create_writer(f"w{i}", KeyGroupRange(0, 0)) for i in range(3)]
+    for w in ws:
+        w.append(0, b"1")
+    [f.result(timeout=30) for f in [w.persist_durably(0, checkpoint_id=1) for w in ws]]
+    assert len(_dstl_files(tmp_path / "dfs")) == 1
+    for w in ws:
+        w.append(0, b"2")
+    early = [w.persist_durably(0, checkpoint_id=2) for w in ws[:2]]
+    time.sleep(0.6)  # 30 delays
+    assert not any(f.done() for f in early)  # still waiting for ws[2]
+    handles = [f.result(timeout=30) for f in [*early, ws[2].persist_durably(0, 2)]]
+    assert len(_dstl_files(tmp_path / "dfs")) == 2  # one new file for checkpoint 2
+    assert all(list(h.get_state_changes(0)) == [b"1", b"2"] for h in handles)
+    st = ray.get(tree.node(client.node_name).status.remote())
+    assert st["waits_for_late"] == 1
+    client.close()
+
+
+def test_a_writer_with_nothing_new_does_not_hold_up_the_batch(tree_factory, namespace,
+                                                                tmp_path):
+    """A writer whose changes are all durable marks the checkpoint instead of sending; the
+    batch of the others goes out at once, not after the (long) delay."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=5.0)
+    client = StateChangelogClient("jobm", namespace=namespace)
+    busy, idle = (client.create_writer(n, KeyGroupRange(0, 0)) for n in ("busy", "idle"))
+    for w in (busy, idle):
+        w.append(0, b"1")
+    [f.result(timeout=30) for f in [w.persist_durably(0, checkpoint_id=1)
+                                    for w in (busy, idle)]]
+    busy.append(0, b"2")
+    t0 = time.monotonic()
+    h_idle = idle.persist_durably(0, checkpoint_id=2).result(timeout=30)  # reuses, marks
+    h_busy = busy.persist_durably(0, checkpoint_id=2).result(timeout=30)
+    assert time.monotonic() - t0 < 2.5
+    assert list(h_busy.get_state_changes(0)) == [b"1", b"2"]
+    assert list(h_idle.get_state_changes(0)) == [b"1"]
+    st = ray.get(tree.node(client.node_name).status.remote())
+    assert st["batch_triggers"]["delay"] == 0
+    client.close()
+
+
+def test_persist_results_are_delivered_off_rays_event_thread(tree_factory, namespace,
+                                                             tmp_path):
+    """Persist results reach writers, backends and users' callbacks on the transport's own
+    thread, never on Ray's event thread. There, a callback that waits for a lock held by a
+    thread inside a Ray call (a materialization releasing uploads to their node) froze the
+    whole worker process: found by experiments.chaos, a checkpoint that never completed."""
+    tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.01)
+
+    def scenario(ns: str) -> tuple[list[str], list[bytes]]:  # shipped by value to a worker
+        import threading
+
+        from dstl_ray import KeyGroupRange, StateChangelogClient
+
+        client = StateChangelogClient("jobt", namespace=ns)
+        w = client.create_writer("op", KeyGroupRange(0, 0))
+        threads: list[str] = []
+        for v in (b"a", b"b"):
+            w.append(0, v)
+            f = w.persist_durably(0)
+            f.add_done_callback(lambda _f: threads.append(threading.current_thread().name))
+            h = f.result(timeout=30)
+        client.close()
+        return threads, list(h.get_state_changes(0))
+
+    threads, changes = ray.get(ray.remote(num_cpus=0)(scenario).remote(namespace), timeout=60)
+    assert changes == [b"a", b"b"]
+    assert threads and all(t.startswith("dstl-deliver") for t in threads), threads

@@ -99,9 +99,10 @@ def test_tree_flushes_to_s3_and_restores(tree_factory, namespace, s3_env):
 
 def test_injected_5xx_and_timeouts_are_retried(tree_factory, namespace, s3_env):
     s3 = s3_env
-    spec = json.dumps({"script": ["5xx", "timeout", "reset"], "hang_s": 1.0,
+    # the timeout leaves room for a real upload on a busy machine; the hang exceeds it
+    spec = json.dumps({"script": ["5xx", "timeout", "reset"], "hang_s": 2.0,
                        "match": ".dstl"})
-    tree = tree_factory(base=s3.url("t-retry"), persist_delay_s=0.05, upload_timeout_s=0.3,
+    tree = tree_factory(base=s3.url("t-retry"), persist_delay_s=0.05, upload_timeout_s=1.0,
                         max_attempts=4, retry_delay_s=0.05, fault_spec=spec,
                         **s3.config_options())
     clients, writers = _writers(tree, namespace, "jobr", nodes=3)
@@ -113,7 +114,7 @@ def test_injected_5xx_and_timeouts_are_retried(tree_factory, namespace, s3_env):
     assert up["retries"] == 3 and up["timeouts"] == 1 and up["errors"] == 2
     assert up["failures"] == 0
     # the failed attempts left nothing behind: one object, the one the handles name
-    time.sleep(1.2)  # the hung attempt finishes (and is cleaned up)
+    time.sleep(2.2)  # the hung attempt finishes (and is cleaned up)
     assert s3.keys("t-retry/") == [f"t-retry/jobr/{handles[0].segments[0].path}"]
     for c in clients:
         c.close()

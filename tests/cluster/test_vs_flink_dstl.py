@@ -1,0 +1,26 @@
+"""The dstl-ray side of ``experiments.vs_flink`` in CI size: 4 subtasks on 2 Ray nodes
+checkpointing every 200 ms write exactly ONE changelog file per checkpoint (issue target),
+every checkpoint completes, and the job restores from its latest checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_vs_flink_dstl_side_one_file_per_checkpoint(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "experiments.vs_flink", "--no-flink",
+                           "--nodes", "2", "--seconds", "4", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = json.loads((tmp_path / "vs_flink.json").read_text())["runs"]
+    d = run["dstl_ray"]
+    assert d["checkpoints_completed"] >= 10
+    assert d["changelog_files_per_checkpoint"] == 1.0, d["batch_triggers"]
+    assert d["batch_triggers"]["delay"] == 0
+    assert d["e2e_ms"]["n"] == d["checkpoints_completed"]
+    assert 0 < d["recovery_s"] < 60
