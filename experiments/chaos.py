@@ -1,0 +1,563 @@
+"""Chaos for the changelog itself (issue "Reliability", part 1): writers and backends on a
+3-node Ray cluster (``ray.cluster_utils.Cluster``), against ``file://`` and the loopback S3
+server, with seeded faults injected at random moments and an oracle after every one.
+
+A job is 4 subtask actors, each a ChangelogKeyedStateBackend counting keys; round ``r`` applies
+a deterministic set of updates per subtask (a replayable source), then checkpoint ``r`` is
+taken (every subtask's snapshot, then ``complete_checkpoint``). Fault kinds:
+
+* ``node_kill``: a changelog node actor is killed (Ray restarts it), before or during a
+  checkpoint; writers re-send, the checkpoint may be declined;
+* ``node_removal``: a Ray node hosting subtasks and a node actor is removed, then a fresh
+  node joins; the job fails over, the tree re-attaches;
+* ``writer_kill``: a subtask (writer process) is killed; the job fails over;
+* ``dfs_5xx`` / ``dfs_timeout`` / ``dfs_slow`` / ``dfs_torn``: the nodes' DFS uploads fail
+  with 503, hang past the upload timeout, straggle, or land half-written, 1-3 times in a row;
+* ``lost_ack``: the coordinator never hears the subtasks' acknowledgements of a checkpoint
+  (their uploads landed, the checkpoint is declined);
+* ``coordinator_restart``: the coordinator dies before or right after writing a checkpoint's
+  metadata; a new one loads the retained checkpoints from storage, cleans orphans and the job
+  restarts from the latest (Flink: JobManager failover).
+
+A failover restores every subtask from the latest completed checkpoint and replays the rounds
+after it. After every fault and every clean round: the live state equals the oracle, the
+latest completed checkpoint restored from storage in the driver equals the oracle at its
+round (changes lost = the sum of count differences, must be 0), and a checkpoint without
+faults completes. At the end a new coordinator cleans up and storage must hold exactly the
+retained checkpoints' files (leaked and missing, must be 0). Peak RSS of node actors and
+subtasks is recorded; node buffers must be empty between rounds.
+
+Run: python -m experiments.chaos [--quick] [--seed N] [--faults N] [--kinds a,b] [--storage
+file,s3]. Writes experiments/results/chaos.json (+ .png).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .common import machine, parser, plt, write_results
+
+KINDS = ("node_kill", "node_removal", "writer_kill", "dfs_5xx", "dfs_timeout", "dfs_slow",
+         "dfs_torn", "lost_ack", "coordinator_restart")
+FAILOVER = {"node_removal", "writer_kill", "coordinator_restart"}
+OP, MAXP, PAR, KEYS, UPDATES = "count", 128, 4, 2000, 400
+
+
+def subtask_keys(index: int) -> list[int]:
+    from dstl_ray import assign_key_group
+    from dstl_ray.keygroups import key_group_range_for_subtask
+
+    kgr = key_group_range_for_subtask(MAXP, PAR, index)
+    return [k for k in range(KEYS) if kgr.start <= assign_key_group(k, MAXP) <= kgr.end]
+
+
+def round_keys(seed: int, index: int, rnd: int, keys: list[int]) -> list[int]:
+    """The updates of subtask ``index`` in round ``rnd``: the same on every replay."""
+    rng = random.Random(f"{seed}/{index}/{rnd}")
+    return [rng.choice(keys) for _ in range(UPDATES)]
+
+
+class Subtask:
+    """One operator subtask: a backend counting keys; restored from ``restore_url``."""
+
+    def __init__(self, job: str, index: int, restore_url: str | None, namespace: str,
+                 env: dict[str, str]) -> None:
+        os.environ.update(env)
+        from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient
+        from dstl_ray.keygroups import key_group_range_for_subtask
+        from dstl_ray.recovery import assign_sources, load_checkpoint
+
+        self.index = index
+        client = StateChangelogClient(job, namespace=namespace)
+        sources = (assign_sources(load_checkpoint(restore_url), OP, PAR)[index]
+                   if restore_url else [])
+        self.b = ChangelogKeyedStateBackend(client, OP, key_group_range_for_subtask(
+            MAXP, PAR, index), MAXP, restore=sources, materialization_interval=1.5)
+        self.count = self.b.value_state("count")
+        self.keys = subtask_keys(index)
+
+    def apply(self, seed: int, rnd: int) -> int:
+        for k in round_keys(seed, self.index, rnd, self.keys):
+            self.count.update(k, self.count.value(k, 0) + 1)
+        return UPDATES
+
+    def snapshot(self, checkpoint_id: int) -> str:
+        return json.dumps(self.b.snapshot(checkpoint_id).result(timeout=60).to_dict())
+
+    def dump(self) -> dict[int, int]:
+        return self.b.dump().get("count", {})
+
+    def debug(self) -> dict[str, Any]:
+        import sys
+        import traceback
+
+        t = self.b._writer._transport
+        w = self.b._writer
+        return {"index": self.index, "queue": len(getattr(t, "_queue", [])),
+                "stale": getattr(t, "_stale", None), "node": getattr(t, "node_name", ""),
+                "uploads": {s: (u.future.done(), u.preemptive) for s, u in w._uploads.items()},
+                "stacks": {str(k): "".join(traceback.format_stack(f)[-6:])
+                           for k, f in sys._current_frames().items()}}
+
+    def rss_kb(self) -> int:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+class Oracle:
+    """The expected counts after each round (cumulative)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.keys = [subtask_keys(i) for i in range(PAR)]
+        self._after: dict[int, Counter] = {0: Counter()}
+
+    def after(self, rnd: int) -> Counter:
+        if rnd not in self._after:
+            c = Counter(self.after(rnd - 1))
+            for i in range(PAR):
+                c.update(round_keys(self.seed, i, rnd, self.keys[i]))
+            self._after[rnd] = c
+        return self._after[rnd]
+
+
+def differences(got: dict[int, int], want: Counter) -> int:
+    return sum(abs(got.get(k, 0) - want.get(k, 0)) for k in set(got) | set(want))
+
+
+class Harness:
+    """One cluster and one tree per storage; episodes run jobs with faults on them."""
+
+    def __init__(self, cluster: Any, base: str, namespace: str, config: Any,
+                 env: dict[str, str], rng: random.Random, seed: int) -> None:
+        import ray
+
+        from dstl_ray import deploy
+
+        self.cluster, self.base, self.ns, self.env = cluster, base, namespace, env
+        self.rng, self.seed = rng, seed
+        self.tree = deploy(base, config, detached=False)
+        self.actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(Subtask)
+        self.peak_rss_kb = {"node_actors": 0, "subtasks": 0}
+        self._removed: list[str] = []  # node ids removed from the cluster
+
+    # ------------------------------------------------------------------ job
+
+    def start(self, job: str, restore: str | None) -> list[Any]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        for attempt in range(3):
+            nodes = sorted(n["NodeID"] for n in ray.nodes()
+                           if n["Alive"] and n["NodeID"] not in self._removed)
+            actors = [self.actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                nodes[(i + 1) % len(nodes)], soft=True)).remote(job, i, restore, self.ns,
+                                                                 self.env)
+                for i in range(PAR)]
+            try:
+                ray.get([a.rss_kb.remote() for a in actors], timeout=120)
+                return actors
+            except Exception:  # noqa: BLE001 - placed on a node that just went away
+                self.kill(actors)
+                if attempt == 2:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
+    def kill(self, actors: list[Any]) -> None:
+        import ray
+
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+
+    def live_status(self) -> list[dict[str, Any]]:
+        return [s for s in self.tree.status() if "error" not in s]
+
+    def node_names(self) -> list[str]:
+        return sorted(s["name"] for s in self.live_status())
+
+    def set_faults(self, spec: str) -> None:
+        import ray
+
+        for name in self.node_names():
+            try:
+                ray.get(self.tree.node(name).set_fault_spec.remote(spec), timeout=30)
+            except Exception:  # noqa: BLE001 - a node restarting has no faults anyway
+                pass
+
+    def memory(self, actors: list[Any]) -> tuple[int, int]:
+        """(bytes still buffered in nodes, pending requests) and peak RSS bookkeeping."""
+        import ray
+
+        st = self.live_status()
+        self.peak_rss_kb["node_actors"] = max([self.peak_rss_kb["node_actors"],
+                                               *(s.get("max_rss_kb", 0) for s in st)])
+        try:
+            rss = ray.get([a.rss_kb.remote() for a in actors], timeout=30)
+            self.peak_rss_kb["subtasks"] = max([self.peak_rss_kb["subtasks"], *rss])
+        except Exception:  # noqa: BLE001 - a victim
+            pass
+        return (sum(s["buffered_bytes"] for s in st), sum(s["pending_requests"] for s in st))
+
+    # ------------------------------------------------------------------ episode
+
+    def episode(self, job: str, schedule: list[str], log: Any) -> dict[str, Any]:
+        import ray
+
+        from dstl_ray import CheckpointCoordinator
+        from dstl_ray.snapshot import KeyedStateSnapshot
+
+        oracle = Oracle(self.seed)
+        coord = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
+        actors = self.start(job, None)
+        res: dict[str, Any] = {"job": job, "storage": self.base.split(":")[0],
+                               "faults_by_kind": Counter(), "recoveries": 0,
+                               "checkpoints_completed": 0, "checkpoints_declined": 0,
+                               "changes_verified": 0, "changes_lost": 0,
+                               "clean_checkpoint_failures": 0, "clean_checkpoint_retries": 0,
+                               "max_buffered_bytes": 0}
+        applied = 0  # rounds applied to the live subtasks
+
+        def apply_to(rnd: int) -> None:
+            nonlocal applied
+            while applied < rnd:
+                applied += 1
+                ray.get([a.apply.remote(self.seed, applied) for a in actors], timeout=120)
+
+        def checkpoint(cid: int, drop_acks: bool = False) -> bool:
+            try:
+                snaps = ray.get([a.snapshot.remote(cid) for a in actors], timeout=120)
+            except Exception as e:  # noqa: BLE001 - declined: writers keep their changes
+                log(f"    checkpoint {cid} declined: {type(e).__name__}: {str(e)[:120]}")
+                if "Timeout" in type(e).__name__ or "TimeoutError" in str(e)[:300]:
+                    log("    nodes: " + json.dumps([{k: s.get(k) for k in (
+                        "name", "pending_requests", "buffered_bytes", "in_flight_bytes",
+                        "writers", "children", "batch_triggers", "waits_for_late", "upload")}
+                        for s in self.live_status()]))
+                    for a in actors:
+                        try:
+                            d = ray.get(a.debug.remote(), timeout=10)
+                            stacks = d.pop("stacks")
+                            log(f"    subtask {json.dumps(d)}")
+                            for k, st in stacks.items():
+                                if "dstl_ray" in st:
+                                    log(f"      thread {k}:\n{st}")
+                        except Exception as e2:  # noqa: BLE001
+                            log(f"    debug failed {e2}")
+                res["checkpoints_declined"] += 1
+                return False
+            if drop_acks:
+                res["checkpoints_declined"] += 1
+                return False
+            coord.complete_checkpoint(cid, [KeyedStateSnapshot.from_dict(
+                json.loads(s), coord.base_path) for s in snaps])
+            res["checkpoints_completed"] += 1
+            return True
+
+        def failover(new_coordinator: bool) -> None:
+            nonlocal actors, applied, coord
+            self.kill(actors)
+            if new_coordinator:
+                coord = CheckpointCoordinator(job, self.base, max_parallelism=MAXP,
+                                              retained=2)
+                coord.restore(None, OP, 0)  # load retained checkpoints, clean orphans
+            latest = coord.latest_checkpoint()
+            actors = self.start(job, latest.metadata_url if latest else None)
+            applied = latest.checkpoint_id if latest else 0
+            res["recoveries"] += 1
+
+        def verify(where: str) -> None:
+            got: dict[int, int] = {}
+            for d in ray.get([a.dump.remote() for a in actors], timeout=120):
+                got.update(d)
+            lost = differences(got, oracle.after(applied))
+            latest = coord.latest_checkpoint()
+            if latest is not None:
+                restored = restore_in_driver(job, self.base, latest.metadata_url)
+                want = oracle.after(latest.checkpoint_id)
+                lost += differences(restored, want)
+                res["changes_verified"] += sum(want.values())
+            res["changes_lost"] += lost
+            if lost:
+                log(f"    LOST {lost} changes ({where})")
+
+        rnd = 0
+        try:
+            for kind in schedule:
+                rnd += 1
+                apply_to(rnd)
+                res["faults_by_kind"][kind] += 1
+                log(f"  round {rnd}: {kind}")
+                self.inject(kind, rnd, actors, checkpoint, failover)
+                apply_to(rnd)
+                verify(f"after {kind}")
+                rnd += 1  # a round without faults: a checkpoint must complete soon (as in
+                apply_to(rnd)  # Flink, a declined one is followed by the next trigger)
+                for _attempt in range(20):
+                    if checkpoint(rnd):
+                        break
+                    res["clean_checkpoint_retries"] += 1
+                    time.sleep(0.5)
+                else:
+                    res["clean_checkpoint_failures"] += 1
+                verify("clean round")
+                buffered, _pending = self.memory(actors)
+                res["max_buffered_bytes"] = max(res["max_buffered_bytes"], buffered)
+        finally:
+            self.kill(actors)
+        # a new coordinator cleans up; storage must hold exactly the retained files
+        final = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
+        final.restore(None, OP, 0)
+        keep = {u for c in final.completed_checkpoints() for u in c.files.values()}
+        keep |= {c.metadata_url for c in final.completed_checkpoints()}
+        have = set(list_job_files(self.base, job))
+        res["leaked_files"] = len(have - keep)
+        res["missing_files"] = len(keep - have)
+        res["faults_by_kind"] = dict(res["faults_by_kind"])
+        return res
+
+    # ------------------------------------------------------------------ faults
+
+    def inject(self, kind: str, rnd: int, actors: list[Any], checkpoint: Any,
+               failover: Any) -> None:
+        import ray
+
+        rng = self.rng
+        during = rng.random() < 0.5  # before the checkpoint, or while it runs
+        if kind.startswith("dfs_"):
+            n = rng.choice([1, 2, 3, 3])  # 3 = every attempt of an upload fails
+            script = {"dfs_5xx": ["5xx"] * n, "dfs_timeout": ["timeout"] * n,
+                      "dfs_torn": ["torn"] * n, "dfs_slow": [f"slow:{rng.uniform(0.1, 0.4):.2f}"]}
+            self.set_faults(json.dumps({"script": script[kind], "match": ".dstl",
+                                        "hang_s": 1.0, "seed": rnd}))
+            try:
+                checkpoint(rnd)
+            finally:
+                self.set_faults("")
+            return
+        if kind == "lost_ack":
+            checkpoint(rnd, drop_acks=True)
+            return
+        if kind == "coordinator_restart":
+            if during:  # dies before writing the metadata: the checkpoint never completes
+                ray.get([a.snapshot.remote(rnd) for a in actors], timeout=120)
+            else:  # dies right after completing it
+                checkpoint(rnd)
+            failover(new_coordinator=True)
+            return
+        victim = self._victim(kind, actors)
+        if during:
+            t = threading.Timer(rng.uniform(0.0, 0.03), victim)
+            t.start()
+            checkpoint(rnd)
+            t.join()
+        else:
+            victim()
+            time.sleep(0.2)
+            checkpoint(rnd)
+        if kind == "node_removal":
+            self._replace_node()
+        if kind in FAILOVER:
+            failover(new_coordinator=False)
+
+    def _victim(self, kind: str, actors: list[Any]) -> Any:
+        import ray
+
+        rng = self.rng
+        if kind == "node_kill":
+            name = rng.choice(self.node_names())
+            return lambda: ray.kill(self.tree.node(name), no_restart=False)
+        if kind == "writer_kill":
+            a = rng.choice(actors)
+            return lambda: ray.kill(a)
+        # node_removal: a worker node (never the head), replaced by a fresh one
+        node = rng.choice(sorted(self.cluster.worker_nodes,
+                                 key=lambda n: getattr(n, "unique_id", "")))
+
+        def remove() -> None:  # (the replacement joins from the main thread: _replace_node)
+            self._removed.append(node.unique_id)
+            self.cluster.remove_node(node, allow_graceful=False)
+
+        return remove
+
+    def _replace_node(self) -> None:
+        """A fresh node joins; wait until Ray has declared the removed ones dead."""
+        import ray
+
+        self.cluster.add_node(num_cpus=2)
+        self.cluster.wait_for_nodes()
+        deadline = time.monotonic() + 120
+        while any(n["Alive"] for n in ray.nodes() if n["NodeID"] in self._removed):
+            if time.monotonic() > deadline:
+                raise RuntimeError("a removed node is still alive after 120 s")
+            time.sleep(0.5)
+
+
+def restore_in_driver(job: str, base: str, metadata_url: str) -> dict[int, int]:
+    """The counts of a checkpoint, restored from storage in this process."""
+    from dstl_ray import ChangelogKeyedStateBackend, DirectTransport, StateChangelogClient
+    from dstl_ray.keygroups import KeyGroupRange
+    from dstl_ray.recovery import assign_sources, load_checkpoint
+
+    client = StateChangelogClient(job, transport=DirectTransport(job, base))
+    b = ChangelogKeyedStateBackend(client, OP, KeyGroupRange(0, MAXP - 1), MAXP,
+                                   restore=assign_sources(load_checkpoint(metadata_url), OP,
+                                                          1)[0],
+                                   materialization_interval=None)
+    try:
+        return b.dump().get("count", {})
+    finally:
+        b.close()
+
+
+def list_job_files(base: str, job: str) -> list[str]:
+    from dstl_ray.storage import get_storage, join
+
+    path = join(base, job)
+    return get_storage(path).list_files(path)
+
+
+def schedules(kinds: list[str], faults: int, quick: bool, rng: random.Random
+              ) -> list[list[str]]:
+    """Quick: one episode per kind (each kind ``faults`` times). Full: episodes of mixed
+    kinds, ``faults`` faults in all, every kind equally often, in a seeded random order."""
+    if quick:
+        return [[k] * faults for k in kinds]
+    order = [kinds[i % len(kinds)] for i in range(faults)]
+    rng.shuffle(order)
+    size = max(len(kinds), 12)
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--faults", type=int, default=0,
+                   help="per storage (full) or per kind (quick); default 54 / 2")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--storage", default="file,s3")
+    args = p.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    bad = set(kinds) - set(KINDS)
+    if bad:
+        raise SystemExit(f"unknown fault kinds {sorted(bad)}; known: {', '.join(KINDS)}")
+    faults = args.faults or (2 if args.quick else 6 * len(KINDS))
+    run(args, kinds, faults)
+
+
+def run(args: Any, kinds: list[str], faults: int) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from dstl_ray import ChangelogConfig
+    from dstl_ray.s3server import LoopbackS3
+
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="chaos-"))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    for _ in range(2):
+        cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, namespace="chaos", log_to_driver=False)
+    episodes: list[dict[str, Any]] = []
+    t0 = time.time()
+
+    def log(msg: str) -> None:
+        print(f"[chaos {time.time() - t0:6.1f}s] {msg}", flush=True)
+
+    try:
+        for storage in args.storage.split(","):
+            s3 = LoopbackS3().start() if storage == "s3" else None
+            try:
+                opts = dict(upload_timeout_s=0.5, retry_delay_s=0.05,
+                            membership_interval_s=1.0, persist_max_wait_s=0.1)
+                env: dict[str, str] = {}
+                if s3 is not None:
+                    base = s3.url("chaos")
+                    opts.update(s3.config_options())
+                    env = s3.env()
+                    os.environ.update(env)
+                else:
+                    base = f"file://{work}/dfs"
+                ns = f"chaos-{storage}"
+                h = Harness(cluster, base, ns, ChangelogConfig(namespace=ns, **opts), env, rng,
+                            args.seed)
+                try:
+                    plan = schedules(kinds, faults, args.quick, rng)
+                    if args.quick and storage == "s3":  # S3: the DFS kinds, mixed
+                        plan = [[k for k in kinds if k.startswith("dfs_")] or kinds[:1]]
+                    for i, schedule in enumerate(plan):
+                        job = f"{storage}-{i}-" + ("-".join(sorted(set(schedule)))
+                                                   if len(set(schedule)) == 1 else "mixed")
+                        log(f"episode {job}: {len(schedule)} faults on {storage}")
+                        r = h.episode(job[:100].replace("_", "-"), schedule, log)
+                        log(f"  -> {json.dumps(r)}")
+                        episodes.append(r)
+                    for k, v in h.peak_rss_kb.items():
+                        for r in episodes:
+                            if r["storage"] == base.split(":")[0]:
+                                r[f"peak_rss_mb_{k}"] = round(v / 1024, 1)
+                finally:
+                    h.tree.shutdown()
+            finally:
+                if s3 is not None:
+                    s3.stop()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    report(args, episodes, time.time() - t0)
+
+
+def report(args: Any, episodes: list[dict[str, Any]], seconds: float) -> None:
+    by_kind: Counter = Counter()
+    for r in episodes:
+        by_kind.update(r["faults_by_kind"])
+    totals = {k: sum(r[k] for r in episodes) for k in (
+        "recoveries", "checkpoints_completed", "checkpoints_declined", "changes_verified",
+        "changes_lost", "leaked_files", "missing_files", "clean_checkpoint_failures",
+        "clean_checkpoint_retries")}
+    data = {"seed": args.seed, "quick": args.quick, "seconds": round(seconds, 1),
+            "faults_injected": sum(by_kind.values()), "faults_by_kind": dict(by_kind),
+            **totals,
+            "peak_rss_mb": {k: max((r.get(f"peak_rss_mb_{k}", 0) for r in episodes),
+                                   default=0) for k in ("node_actors", "subtasks")},
+            "max_buffered_bytes_between_rounds": max((r["max_buffered_bytes"]
+                                                      for r in episodes), default=0),
+            "episodes": episodes, "machine": machine(),
+            "command": " ".join(["python -m experiments.chaos", *sys.argv[1:]])}
+    pyplot = plt()
+    fig, ax = pyplot.subplots(figsize=(8, 4))
+    kinds = sorted(by_kind)
+    ax.bar(kinds, [by_kind[k] for k in kinds])
+    ax.set(ylabel="faults injected", title=f"chaos: {data['faults_injected']} faults, "
+           f"{totals['changes_verified']:,} changes verified, {totals['changes_lost']} lost, "
+           f"{totals['leaked_files']} leaked files")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    write_results("chaos", data, fig, args.out)
+    print(f"[chaos] {data['faults_injected']} faults, {totals['recoveries']} recoveries, "
+          f"{totals['checkpoints_completed']} checkpoints, {totals['changes_verified']:,} "
+          f"changes verified, {totals['changes_lost']} lost, {totals['leaked_files']} leaked, "
+          f"{totals['missing_files']} missing", flush=True)
+    if (totals["changes_lost"] or totals["leaked_files"] or totals["missing_files"]
+            or totals["clean_checkpoint_failures"]):
+        raise SystemExit("chaos FAILED")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The chaos harness (``experiments.chaos``) in its CI size: one episode per fault kind on
+file://, and the DFS faults on the loopback S3 server, each against the oracle. One test per
+fault kind fails if that kind lost a change, leaked or lost a file, or kept a clean
+checkpoint from completing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.chaos import FAILOVER, KINDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def chaos_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chaos")
+    proc = subprocess.run([sys.executable, "-m", "experiments.chaos", "--quick", "--seed", "5",
+                           "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    result = out / "chaos.json"
+    assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(result.read_text()), proc
+
+
+def _check(episode: dict) -> None:
+    assert episode["changes_lost"] == 0, episode
+    assert episode["leaked_files"] == 0 and episode["missing_files"] == 0, episode
+    assert episode["clean_checkpoint_failures"] == 0, episode
+    assert episode["changes_verified"] > 0 and episode["checkpoints_completed"] >= 1, episode
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fault_kind_loses_no_change_and_leaks_no_file(chaos_run, kind):
+    data, _ = chaos_run
+    (episode,) = [e for e in data["episodes"]
+                  if e["storage"] == "file" and set(e["faults_by_kind"]) == {kind}]
+    assert episode["faults_by_kind"][kind] >= 1
+    if kind in FAILOVER:
+        assert episode["recoveries"] >= episode["faults_by_kind"][kind]
+    _check(episode)
+
+
+def test_dfs_faults_on_s3(chaos_run):
+    data, proc = chaos_run
+    (episode,) = [e for e in data["episodes"] if e["storage"] == "s3"]
+    assert {k for k in episode["faults_by_kind"]} == {k for k in KINDS if k.startswith("dfs_")}
+    _check(episode)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert data["changes_lost"] == 0 and data["peak_rss_mb"]["node_actors"] > 0
