@@ -33,12 +33,13 @@ from .errors import (
     StorageError,
 )
 from .keygroups import KeyGroupRange, assign_key_group
-from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file, read_sections
+from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file
 from .registry import SharedStateRegistry
 from .snapshot import (
     ChangelogComponent,
     Component,
     KeyedStateSnapshot,
+    component_changes,
     component_files,
     restricted,
 )
@@ -293,13 +294,10 @@ class ChangelogKeyedStateBackend:
                 files = component_files(comp, src.base_path, src.own_dir)
                 try:
                     sid_map = [self._register_state(n, StateKind(k)) for n, k in comp.states]
-                    if isinstance(comp, MaterializedHandle):
-                        url = comp.url(src.base_path, src.own_dir)
-                        for kg, recs in read_sections(self._storage, url, comp, mine):
-                            apply_records(recs, self._tables, self._kinds, kg, sid_map)
-                    else:
-                        for kg, recs in comp.handle.read_all(key_groups=mine).items():
-                            apply_records(recs, self._tables, self._kinds, kg, sid_map)
+                    # each file through its own URL's storage: the checkpoint may live on
+                    # another file system than this job (a savepoint restored elsewhere)
+                    for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
+                        apply_records(recs, self._tables, self._kinds, kg, sid_map)
                 except (FormatError, StorageError, HandleError, StateError) as e:
                     path = getattr(e, "path", None) or next(
                         (u for u in files.values() if u in str(e)), ", ".join(files.values()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +26,33 @@ HANDLE_VERSION = 1
 _SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 
 
+def show(value: object) -> str:
+    """A short, depth-limited repr of a value read from storage, for error messages."""
+    return reprlib.repr(value)
+
+
+def non_negative_int(what: str, value: object) -> int:
+    """``value`` if it is a JSON integer >= 0 (not a bool, not a float), else
+    :class:`HandleError` naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise HandleError(f"{what} must be a non-negative int, got {show(value)}")
+    return value
+
+
+def loads(text: str | bytes, what: str) -> Any:
+    """Parse JSON read from storage; any malformed input (bad UTF-8, bad syntax, nesting
+    too deep for the parser) raises :class:`HandleError` naming ``what``."""
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise HandleError(f"{what} is not valid JSON: {type(e).__name__}: {e}") from None
+
+
 def check_relative_path(path: object) -> str:
     """A path relative to the job directory, made of plain names only (no ``..``, no
     absolute paths, no URL schemes, no backslashes)."""
     if not isinstance(path, str) or not path or len(path) > 1024:
-        raise HandleError(f"bad file path in handle: {path!r}")
+        raise HandleError(f"bad file path in handle: {show(path)}")
     parts = path.split("/")
     for p in parts:
         if not _SAFE_PART.match(p) or p in (".", ".."):
@@ -63,13 +86,14 @@ class Segment:
             sqn_min, sqn_max = d["sqn"]
             node = d.get("node", "")
         except (KeyError, TypeError, ValueError) as e:
-            raise HandleError(f"malformed segment {d!r}: {e}") from None
+            if isinstance(e, HandleError):
+                raise
+            raise HandleError(f"malformed segment {show(d)}: {e}") from None
         for name, v in (("offset", offset), ("length", length), ("sqn_min", sqn_min),
                         ("sqn_max", sqn_max)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise HandleError(f"segment {name} must be a non-negative int, got {v!r}")
+            non_negative_int(f"segment {name}", v)
         if sqn_max < sqn_min or not isinstance(node, str):
-            raise HandleError(f"malformed segment {d!r}")
+            raise HandleError(f"malformed segment {show(d)}")
         return cls(path, offset, length, sqn_min, sqn_max, node)
 
 
@@ -170,7 +194,7 @@ class StateChangelogHandle:
         if not isinstance(d, dict) or d.get("type") != "dstl-changelog-handle":
             raise HandleError("not a dstl changelog handle")
         if d.get("version") != HANDLE_VERSION:
-            raise HandleError(f"unsupported handle version {d.get('version')!r} "
+            raise HandleError(f"unsupported handle version {show(d.get('version'))} "
                               f"(this reader knows {HANDLE_VERSION})")
         try:
             job_path = d["job_path"]
@@ -183,16 +207,18 @@ class StateChangelogHandle:
                 raise
             raise HandleError(f"malformed handle: {e}") from None
         if not isinstance(job_path, str) or "://" not in job_path:
-            raise HandleError(f"handle job_path must be a URL, got {job_path!r}")
-        if expected_job_path is not None and normalize_url(job_path) != normalize_url(
-                expected_job_path):
-            raise HandleError(f"handle points to {job_path}, outside the job's base path "
-                              f"{expected_job_path}")
+            raise HandleError(f"handle job_path must be a URL, got {show(job_path)}")
+        # kept normalized: file URLs built from it must be the ones a listing shows (orphan
+        # cleanup compares them), and "a//b" or "a/x/.." must not reach the file system
+        job_path = normalize_url(job_path)
+        if expected_job_path is not None and job_path != normalize_url(expected_job_path):
+            raise HandleError(f"handle points to {show(job_path)}, outside the job's base "
+                              f"path {expected_job_path}")
         if not isinstance(log_id, str) or not re.fullmatch(r"[0-9a-f]{32}", log_id):
-            raise HandleError(f"bad log id {log_id!r}")
+            raise HandleError(f"bad log id {show(log_id)}")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (sqn_from, sqn_to)) \
                 or not 0 <= sqn_from <= sqn_to:
-            raise HandleError(f"bad sqn range {d['sqn']!r}")
+            raise HandleError(f"bad sqn range {show(d['sqn'])}")
         for s in segments:
             if not s.path.endswith(FILE_SUFFIX):
                 raise HandleError(f"segment path {s.path!r} is not a {FILE_SUFFIX} file")
@@ -201,8 +227,4 @@ class StateChangelogHandle:
     @classmethod
     def from_json(cls, text: str | bytes, expected_job_path: str | None = None
                   ) -> StateChangelogHandle:
-        try:
-            d = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HandleError(f"handle is not valid JSON: {e}") from None
-        return cls.from_dict(d, expected_job_path)
+        return cls.from_dict(loads(text, "handle"), expected_job_path)

@@ -24,7 +24,7 @@ from typing import Any
 
 from .errors import FormatError, HandleError
 from .format import crc32c, read_prefixed
-from .handle import check_relative_path
+from .handle import check_relative_path, non_negative_int, show
 from .keygroups import KeyGroupRange
 from .state import StateKind, encode_full
 from .storage import Storage, join
@@ -73,26 +73,35 @@ class MaterializedHandle:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MaterializedHandle:
+        """Parse and validate a handle read from checkpoint metadata: a plain relative
+        ``.dstm`` path, and every section (int key group in range, offset and length) inside
+        ``size``, so no read can be steered outside the file or sized by a forged field."""
         from .snapshot import parse_job, parse_states
 
         try:
             path = check_relative_path(d["path"])
-            if not path.endswith(MAT_SUFFIX):
-                raise HandleError(f"materialized path {path!r} is not a {MAT_SUFFIX} file")
             kgr = KeyGroupRange.from_json(d["key_groups"])
-            sections = tuple((int(kg), int(off), int(ln)) for kg, off, ln in d["sections"])
-            size, sqn = d["size"], d.get("sqn", 0)
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, HandleError):
-                raise
-            raise HandleError(f"malformed materialized handle: {e}") from None
-        for kg, off, ln in sections:
-            if kg not in kgr or off < HEADER_SIZE or ln < SECTION_HEADER_SIZE:
-                raise HandleError(f"bad materialized section {(kg, off, ln)!r}")
-        if not isinstance(size, int) or not isinstance(sqn, int) or size < 0 or sqn < 0:
-            raise HandleError("bad materialized size/sqn")
-        return cls(parse_job(d.get("job")), path, kgr, parse_states(d["states"]), sections,
-                   size, sqn)
+            states = parse_states(d["states"])
+            raw_sections, size, sqn = d["sections"], d["size"], d.get("sqn", 0)
+        except KeyError as e:
+            raise HandleError(f"materialized handle lacks {e}") from None
+        if not path.endswith(MAT_SUFFIX):
+            raise HandleError(f"materialized path {path!r} is not a {MAT_SUFFIX} file")
+        size = non_negative_int("materialized size", size)
+        sqn = non_negative_int("materialized sqn", sqn)
+        if not isinstance(raw_sections, list):
+            raise HandleError(f"materialized sections must be a list, got {show(raw_sections)}")
+        sections = []
+        for s in raw_sections:
+            if not isinstance(s, list) or len(s) != 3:
+                raise HandleError(f"materialized section must be [key group, offset, length], "
+                                  f"got {show(s)}")
+            kg, off, ln = (non_negative_int("materialized section field", v) for v in s)
+            if kg not in kgr or off < HEADER_SIZE or ln < SECTION_HEADER_SIZE or off + ln > size:
+                raise HandleError(f"materialized section {(kg, off, ln)!r} lies outside key "
+                                  f"groups {kgr.start}..{kgr.end} or the file's {size} bytes")
+            sections.append((kg, off, ln))
+        return cls(parse_job(d.get("job")), path, kgr, states, tuple(sections), size, sqn)
 
 
 def encode_file(tables: TablesSnapshot, states: StatesSpec, key_group_range: KeyGroupRange
@@ -125,6 +134,22 @@ def encode_file(tables: TablesSnapshot, states: StatesSpec, key_group_range: Key
         sections.append((kg, pos, length))
         pos += length
     return b"".join(parts), tuple(sections)
+
+
+def check_header(data: bytes, path: str) -> None:
+    """Magic, CRC32C, version and flags of a whole file's header (a file of another version
+    is refused, not misread)."""
+    if len(data) < HEADER_SIZE or data[:4] != MAGIC:
+        raise FormatError("not a materialized state file", path=path, offset=0)
+    _, version, flags = _HEAD.unpack_from(data)
+    (crc,) = _U32.unpack_from(data, _HEAD.size)
+    if crc32c(data[:_HEAD.size]) != crc:
+        raise FormatError("header CRC32C mismatch", path=path, offset=0)
+    if version != VERSION:
+        raise FormatError(f"unsupported materialized format version {version} (this reader "
+                          f"knows {VERSION})", path=path, offset=4)
+    if flags:
+        raise FormatError(f"unknown materialized file flags {flags:#x}", path=path, offset=6)
 
 
 def decode_section(data: bytes, kg: int, path: str, offset: int) -> Iterator[bytes]:
@@ -164,8 +189,7 @@ def read_sections(storage: Storage, url: str, handle: MaterializedHandle,
         if len(data) != handle.size:
             raise FormatError(f"file has {len(data)} bytes, handle says {handle.size}",
                               path=url)
-        if data[:4] != MAGIC:
-            raise FormatError("not a materialized state file", path=url, offset=0)
+        check_header(data, url)
         for kg, off, ln in wanted:
             yield kg, decode_section(data[off:off + ln], kg, url, off)
     else:

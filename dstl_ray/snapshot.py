@@ -15,39 +15,50 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import HandleError
-from .handle import StateChangelogHandle
+from .handle import StateChangelogHandle, loads, non_negative_int, show
 from .keygroups import KeyGroupRange
-from .materialization import MaterializedHandle, StatesSpec
+from .materialization import MaterializedHandle, StatesSpec, read_sections
 from .state import StateKind
-from .storage import join, normalize_url
+from .storage import Storage, get_storage, join, normalize_url
 
 METADATA_VERSION = 1
 METADATA_FILE = "_metadata"
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_KINDS = frozenset(k.value for k in StateKind)
+MAX_CHECKPOINT_ID = (1 << 63) - 1  # a Flink long
 
 
 def parse_job(job: object) -> str | None:
     if job is None:
         return None
     if not isinstance(job, str) or not _JOB.match(job):
-        raise HandleError(f"bad job directory name {job!r}")
+        raise HandleError(f"bad job directory name {show(job)}")
     return job
 
 
 def parse_states(value: object) -> StatesSpec:
-    if not isinstance(value, list):
-        raise HandleError(f"states must be a list, got {value!r}")
-    out = []
+    """A component's states, ``[[name, kind], ...]`` (the index is the writer's state id): at
+    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once."""
+    if not isinstance(value, list) or len(value) > 65535:
+        raise HandleError(f"states must be a list of at most 65535, got {show(value)}")
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
     for s in value:
         if (not isinstance(s, list) or len(s) != 2 or not isinstance(s[0], str)
-                or s[1] not in {k.value for k in StateKind}):
-            raise HandleError(f"bad state spec {s!r}")
+                or not 0 < len(s[0]) <= 200 or not isinstance(s[1], str)
+                or s[1] not in _KINDS):
+            raise HandleError(f"bad state spec {show(s)}")
+        if s[0] in seen:
+            raise HandleError(f"state {show(s[0])} is listed twice")
+        seen.add(s[0])
         out.append((s[0], s[1]))
     return tuple(out)
 
@@ -85,8 +96,11 @@ class ChangelogComponent:
         handle = StateChangelogHandle.from_dict(d.get("handle"),
                                                 expected_job_path=join(base_path, job))
         restrict = d.get("restrict")
-        return cls(job, parse_states(d.get("states")), handle,
-                   KeyGroupRange.from_json(restrict) if restrict is not None else None)
+        kgr = KeyGroupRange.from_json(restrict) if restrict is not None else None
+        if kgr is not None and kgr.intersect(handle.key_group_range) != kgr:
+            raise HandleError(f"changelog component restricted to {kgr.start}..{kgr.end}, "
+                              f"outside its handle's key groups")
+        return cls(job, parse_states(d.get("states")), handle, kgr)
 
 
 Component = MaterializedHandle | ChangelogComponent
@@ -98,6 +112,19 @@ def component_files(c: Component, base_path: str, own_dir: str) -> dict[str, str
         url = c.url(base_path, own_dir)
         return {file_name(url): url}
     return {file_name(u): u for u in c.handle.file_paths()}
+
+
+def component_changes(c: Component, base_path: str, own_dir: str, key_groups: KeyGroupRange,
+                      storage: Storage | None = None
+                      ) -> Iterator[tuple[int, Iterable[bytes]]]:
+    """(key group, change records) of ``c`` within ``key_groups``, read from its files: the
+    reading half of a restore (FLIP-158 "Recovery and rescaling"), shared by the backend and
+    the fuzzers. ``storage`` defaults to the one of each file's URL."""
+    if isinstance(c, MaterializedHandle):
+        url = c.url(base_path, own_dir)
+        yield from read_sections(storage or get_storage(url), url, c, key_groups)
+    else:
+        yield from c.handle.read_all(storage, key_groups=key_groups).items()
 
 
 def restricted(c: Component, key_groups: KeyGroupRange) -> Component:
@@ -117,7 +144,7 @@ def component_from_dict(d: object, base_path: str) -> Component:
         return MaterializedHandle.from_dict(d)
     if d.get("type") == "changelog":
         return ChangelogComponent.from_dict(d, base_path)
-    raise HandleError(f"unknown component type {d.get('type')!r}")
+    raise HandleError(f"unknown component type {show(d.get('type'))}")
 
 
 @dataclass(frozen=True)
@@ -149,6 +176,18 @@ class KeyedStateSnapshot:
         return out
 
 
+def parse_timestamp(ts: object) -> float:
+    """A finite JSON number (epoch seconds); anything else raises :class:`HandleError`."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        try:
+            value = float(ts)
+        except OverflowError:
+            value = math.inf
+        if math.isfinite(value):
+            return value
+    raise HandleError(f"bad checkpoint timestamp {show(ts)}")
+
+
 def split_metadata_url(url: str) -> tuple[str, str]:
     """``{base}/{job}/{dir}/_metadata`` -> (base, ``{base}/{job}/{dir}``)."""
     own_dir = url.rsplit("/", 1)[0]
@@ -178,27 +217,28 @@ class CheckpointMetadata:
     @classmethod
     def from_json(cls, text: str | bytes, metadata_url: str) -> CheckpointMetadata:
         base, _ = split_metadata_url(normalize_url(metadata_url))
-        try:
-            d = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HandleError(f"checkpoint metadata is not valid JSON: {e}") from None
+        d = loads(text, "checkpoint metadata")
         if not isinstance(d, dict) or d.get("type") != "dstl-checkpoint":
             raise HandleError("not a dstl checkpoint metadata file")
         if d.get("version") != METADATA_VERSION:
-            raise HandleError(f"unsupported checkpoint metadata version {d.get('version')!r}")
+            raise HandleError(f"unsupported checkpoint metadata version {show(d.get('version'))}")
         cid, maxp, kind, ts = d.get("id"), d.get("max_parallelism"), d.get("kind"), \
             d.get("timestamp", 0.0)
-        if not isinstance(cid, int) or isinstance(cid, bool) or cid < 0:
-            raise HandleError(f"bad checkpoint id {cid!r}")
-        if not isinstance(maxp, int) or not 0 < maxp <= 1 << 15:
-            raise HandleError(f"bad max_parallelism {maxp!r}")
-        if kind not in ("checkpoint", "savepoint") or not isinstance(ts, (int, float)):
-            raise HandleError(f"bad checkpoint kind {kind!r}")
+        if non_negative_int("checkpoint id", cid) > MAX_CHECKPOINT_ID:
+            raise HandleError(f"checkpoint id {cid} exceeds {MAX_CHECKPOINT_ID}")
+        if not isinstance(maxp, int) or isinstance(maxp, bool) or not 0 < maxp <= 1 << 15:
+            raise HandleError(f"bad max_parallelism {show(maxp)}")
+        if kind not in ("checkpoint", "savepoint"):
+            raise HandleError(f"bad checkpoint kind {show(kind)}")
+        job = parse_job(d.get("job"))
+        if job is None:
+            raise HandleError("checkpoint metadata names no job")
         snaps = d.get("snapshots")
         if not isinstance(snaps, list):
             raise HandleError("snapshots must be a list")
-        return cls(parse_job(d.get("job")) or "", cid, kind, maxp,
-                   tuple(KeyedStateSnapshot.from_dict(s, base) for s in snaps), float(ts))
+        return cls(job, cid, kind, maxp,
+                   tuple(KeyedStateSnapshot.from_dict(s, base) for s in snaps),
+                   parse_timestamp(ts))
 
     def files(self, metadata_url: str) -> dict[str, str]:
         """File name -> URL of every state file this checkpoint references."""

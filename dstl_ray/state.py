@@ -21,6 +21,7 @@ str, bytes, lists (tuples decode as lists) and dicts.
 from __future__ import annotations
 
 import enum
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -31,6 +32,8 @@ RECORD_VERSION = 1
 HDR = struct.Struct("<BBHI")
 U32 = struct.Struct("<I")
 _F64 = struct.Struct("<d")
+_INT = re.compile(rb"0|-?[1-9][0-9]*")  # as str(int) writes it: no sign on 0, no leading zeros
+MAX_DEPTH = 100  # lists/dicts nested in one TaggedSerializer value (bounds decoding recursion)
 
 
 class Op(enum.IntEnum):
@@ -88,9 +91,11 @@ class Serializer(Protocol):
 class TaggedSerializer:
     """Safe tagged binary encoding: ``N`` None, ``T``/``F`` bool, ``i`` int (decimal),
     ``f`` float (f64), ``s`` str (UTF-8), ``b`` bytes, ``l`` list, ``d`` dict; nested items
-    are u32-length prefixed. Decoding never executes code."""
+    are u32-length prefixed, at most :data:`MAX_DEPTH` levels deep. Decoding never executes
+    code, and any malformed input raises :class:`FormatError` (values come back from shared
+    storage)."""
 
-    def serialize(self, obj: Any) -> bytes:
+    def serialize(self, obj: Any, _depth: int = 0) -> bytes:
         t = type(obj)
         if t is bytes:
             return b"b" + obj
@@ -104,49 +109,67 @@ class TaggedSerializer:
             return b"T" if obj else b"F"
         if t is float:
             return b"f" + _F64.pack(obj)
+        if t in (list, tuple, dict) and _depth >= MAX_DEPTH:
+            raise StateError(f"TaggedSerializer nests at most {MAX_DEPTH} lists/dicts deep")
         if t in (list, tuple):
             parts = [b"l"]
             for item in obj:
-                enc = self.serialize(item)
+                enc = self.serialize(item, _depth + 1)
                 parts += (U32.pack(len(enc)), enc)
             return b"".join(parts)
         if t is dict:
             parts = [b"d"]
             for k, v in obj.items():
-                ek, ev = self.serialize(k), self.serialize(v)
+                ek, ev = self.serialize(k, _depth + 1), self.serialize(v, _depth + 1)
                 parts += (U32.pack(len(ek)), ek, U32.pack(len(ev)), ev)
             return b"".join(parts)
         raise StateError(f"TaggedSerializer cannot encode {t.__name__}; plug in a Serializer")
 
-    def deserialize(self, data: bytes) -> Any:
+    def deserialize(self, data: bytes, _depth: int = 0) -> Any:
         if not data:
             raise FormatError("empty serialized value")
-        tag, body = data[:1], data[1:]
-        if tag == b"b":
-            return bytes(body)
-        if tag == b"s":
-            return bytes(body).decode("utf-8")
-        if tag == b"i":
-            return int(bytes(body).decode("ascii"))
-        if tag == b"N":
-            return None
-        if tag in (b"T", b"F"):
-            return tag == b"T"
-        if tag == b"f":
-            return _F64.unpack(body)[0]
+        tag, body = data[:1], bytes(data[1:])
+        try:
+            if tag == b"b":
+                return body
+            if tag == b"s":
+                return body.decode("utf-8")
+            if tag == b"i":
+                if not _INT.fullmatch(body):
+                    raise FormatError(f"bad serialized int {body[:40]!r}")
+                return int(body)  # ValueError beyond sys.get_int_max_str_digits()
+            if tag in (b"N", b"T", b"F"):
+                if body:
+                    raise FormatError(f"{len(body)} trailing bytes after value tag {tag!r}")
+                return None if tag == b"N" else tag == b"T"
+            if tag == b"f":
+                if len(body) != _F64.size:
+                    raise FormatError(f"serialized float has {len(body)} bytes, not 8")
+                return _F64.unpack(body)[0]
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FormatError(f"bad serialized value (tag {tag!r}): {e}") from None
+        if tag in (b"l", b"d") and _depth >= MAX_DEPTH:
+            raise FormatError(f"serialized value nests deeper than {MAX_DEPTH} levels")
         if tag == b"l":
-            return [self.deserialize(x) for x in split_items(body)]
+            return [self.deserialize(x, _depth + 1) for x in split_items(body)]
         if tag == b"d":
             items = split_items(body)
             if len(items) % 2:
                 raise FormatError("dict with an odd number of items")
-            return {self._hashable(self.deserialize(items[i])): self.deserialize(items[i + 1])
+            return {hashable(self.deserialize(items[i], _depth + 1)):
+                    self.deserialize(items[i + 1], _depth + 1)
                     for i in range(0, len(items), 2)}
         raise FormatError(f"unknown value tag {tag!r}")
 
-    @staticmethod
-    def _hashable(k: Any) -> Any:
-        return tuple(k) if isinstance(k, list) else k
+
+def hashable(key: Any) -> Any:
+    """A decoded dict key as it was written: lists (tuples on the way in) back to tuples, at
+    every level; a dict, which cannot have been a key, raises :class:`FormatError`."""
+    if isinstance(key, list):
+        return tuple(hashable(x) for x in key)
+    if isinstance(key, dict):
+        raise FormatError("serialized dict key is a dict")
+    return key
 
 
 def split_items(body: bytes) -> list[bytes]:
@@ -219,12 +242,16 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
         if p + 4 > len(rec):
             raise FormatError("torn map record")
         (ulen,) = U32.unpack_from(rec, p)
-        ukey = rec[p + 4:p + 4 + ulen]
+        end = p + 4 + ulen
+        if end > len(rec) or (op == _MREM and end != len(rec)):
+            raise FormatError(f"map user key of {ulen} bytes does not fit its record of "
+                              f"{len(rec)} bytes")
+        ukey = rec[p + 4:end]
         if op == _MPUT:
             m = d.get(key)
             if m is None:
                 m = d[key] = {}
-            m[ukey] = rec[p + 4 + ulen:]
+            m[ukey] = rec[end:]
         else:
             m = d.get(key)
             if m is not None:
@@ -244,6 +271,8 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
         else:
             d.pop(key, None)
     elif op in _CLEARS:
+        if p != len(rec):
+            raise FormatError(f"clear record has {len(rec) - p} trailing bytes")
         d.pop(key, None)
     else:
         raise FormatError(f"unknown state change op {op}")

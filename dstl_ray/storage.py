@@ -42,7 +42,10 @@ class Storage(Protocol):
 
     def read_file(self, path: str) -> bytes: ...
 
-    def read_range(self, path: str, offset: int, length: int) -> bytes: ...
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """At most ``length`` bytes from ``offset`` (fewer at the end of the file, none past
+        it). ``offset`` and ``length`` may come from a forged handle: never allocate
+        ``length`` bytes before knowing the file holds them."""
 
     def delete(self, path: str) -> None:
         """Delete ``path``; a missing file is not an error."""
@@ -70,6 +73,11 @@ def normalize_url(url: str) -> str:
 
 def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def _check_range(path: str, offset: int, length: int) -> None:
+    if offset < 0 or length < 0:
+        raise StorageError(f"cannot read {path} [{offset}:+{length}]: negative range")
 
 
 class LocalStorage:
@@ -120,10 +128,14 @@ class LocalStorage:
             raise StorageError(f"cannot read {path}: {e}") from e
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        _check_range(path, offset, length)
         try:
             with open(self._local(path), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if offset >= size:
+                    return b""
                 f.seek(offset)
-                return f.read(length)
+                return f.read(min(length, size - offset))  # a buffer of what the file holds
         except OSError as e:
             raise StorageError(f"cannot read {path} [{offset}:+{length}]: {e}") from e
 
@@ -194,6 +206,7 @@ class FsspecStorage:
             raise StorageError(f"cannot read {path}: {type(e).__name__}: {e}") from e
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        _check_range(path, offset, length)
         try:
             return self._fs.cat_file(self._p(path), start=offset, end=offset + length)
         except Exception as e:  # noqa: BLE001
