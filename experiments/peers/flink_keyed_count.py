@@ -94,8 +94,14 @@ def main() -> None:
     history = cps.get("history", [])
     e2e = cps["summary"]["end_to_end_duration"]
     size = cps["summary"].get("checkpointed_size", {})
-    latest = cps["latest"]["completed"]["external_path"]
     res.get_job_client().cancel().result()
+    # the checkpoint retained on cancellation: the REST figure above may already have been
+    # subsumed by a newer checkpoint completed before the cancel
+    retained = [os.path.join(r, "") for r, _, fs in os.walk(os.path.join(base, "cp", jid))
+                if "_metadata" in fs and os.path.basename(r).startswith("chk-")]
+    if not retained:
+        raise SystemExit(f"no checkpoint retained under {base}/cp/{jid}")
+    latest = "file://" + max(retained, key=lambda d: int(os.path.basename(d[:-1])[4:]))
     stop[0] = True
     time.sleep(0.05)
     files = list(seen)

@@ -89,3 +89,12 @@ def referenced(coord: d.CheckpointCoordinator) -> set[str]:
         out.add(c.metadata_url)
         out.update(u for u in c.files.values() if u.startswith(coord.job_path + "/"))
     return out
+
+
+def as_decoded(v: object) -> object:
+    """``v`` as the TaggedSerializer gives it back: tuples as lists (dict keys stay)."""
+    if isinstance(v, (list, tuple)):
+        return [as_decoded(x) for x in v]
+    if isinstance(v, dict):
+        return {k: as_decoded(x) for k, x in v.items()}
+    return v

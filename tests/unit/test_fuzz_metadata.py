@@ -36,6 +36,8 @@ from experiments.fuzz_seeds import (
     restore_reads,
 )
 
+from .ckpt_util import as_decoded
+
 SEEDS = ("checkpoint", "savepoint", "rescaled")
 SETTINGS = settings(max_examples=150, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -69,15 +71,6 @@ def outcome(url: str, data: bytes) -> d.CompletedCheckpoint | DstlError:
     except DstlError as e:
         return e
     return cc
-
-
-def as_decoded(v: object) -> object:
-    """``v`` as the TaggedSerializer gives it back: tuples as lists (dict keys stay)."""
-    if isinstance(v, (list, tuple)):
-        return [as_decoded(x) for x in v]
-    if isinstance(v, dict):
-        return {k: as_decoded(x) for k, x in v.items()}
-    return v
 
 
 def expected_state(last_round: int) -> dict[str, dict]:

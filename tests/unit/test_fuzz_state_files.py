@@ -32,6 +32,8 @@ from dstl_ray.state import (
 )
 from experiments.fuzz_seeds import STATES, BytesStorage
 
+from .ckpt_util import as_decoded
+
 SER = TaggedSerializer()
 KINDS = [StateKind(k) for _, k in STATES]
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,15 +45,6 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan
 keys = st.recursive(scalars, lambda c: st.lists(c, max_size=3).map(tuple), max_leaves=6)
 values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.tuples(c, c)
                       | st.dictionaries(keys, c, max_size=3), max_leaves=12)
-
-
-def as_decoded(v: object) -> object:
-    """``v`` as deserialize gives it back: tuples as lists, dict keys as written."""
-    if isinstance(v, (list, tuple)):
-        return [as_decoded(x) for x in v]
-    if isinstance(v, dict):
-        return {k: as_decoded(x) for k, x in v.items()}
-    return v
 
 
 @SETTINGS
