@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import re
@@ -13,11 +14,12 @@ from typing import Any
 
 from . import tracing
 from .config import ChangelogConfig
-from .errors import ConfigError, DstlError, NodeUnavailableError
+from .errors import ConfigError, DstlError, NamespaceError, NodeUnavailableError
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment
 from .keygroups import KeyGroupRange
 from .messages import PersistRequest, Transport
+from .namespaces import current_caller
 from .storage import get_storage, join, normalize_url, storage_for
 from .upload import Uploader
 from .writer import StateChangelogWriter
@@ -86,6 +88,7 @@ class RayNodeTransport:
         self.node_name = ""
         self.chosen_by = ""
         self._handle: Any = None
+        self._caller = current_caller()  # node actors admit a job from its own namespace
         self._connect()
         info = self._call(self._handle.info.remote())
         self.base_path: str = info["base_path"]
@@ -119,14 +122,18 @@ class RayNodeTransport:
             if self._stale:
                 self._connect()
                 for lg in self._logs:
-                    self._call(self._handle.register_writer.remote(lg, self.job_id))
+                    self._call(self._handle.register_writer.remote(lg, self.job_id,
+                                                                  self._caller))
             return self._handle
 
     def register(self, log_id: str) -> None:
         for attempt in (1, 2):
             try:
-                self._call(self._ensure().register_writer.remote(log_id, self.job_id))
+                self._call(self._ensure().register_writer.remote(log_id, self.job_id,
+                                                                    self._caller))
                 break
+            except NamespaceError:
+                raise  # the node refuses this job from our namespace: no retry helps
             except Exception as e:  # noqa: BLE001 - the node died: find it (or another) again
                 with self._lock:
                     self._stale = True
@@ -141,7 +148,7 @@ class RayNodeTransport:
         with self._lock:
             self._logs.discard(log_id)
         try:
-            self._ensure().unregister_writer.remote(log_id)
+            self._ensure().unregister_writer.remote(log_id, self._caller)
         except Exception as e:  # noqa: BLE001 - best effort on close
             log.debug("unregister of %s failed: %s", log_id, e)
 
@@ -150,6 +157,7 @@ class RayNodeTransport:
         (FLIP-158 batching levels 2-3: all backends of this process), so many writers that
         persist at once cost a few actor calls, not one each."""
         fut: concurrent.futures.Future[Segment] = concurrent.futures.Future()
+        request = dataclasses.replace(request, caller=self._caller)
         with self._cond:
             self._queue.append((request, fut))
             if self._sender is None:
@@ -209,7 +217,7 @@ class RayNodeTransport:
     def mark(self, log_id: str, checkpoint_id: int) -> None:
         """Fire and forget: this writer has nothing to send for ``checkpoint_id``."""
         try:
-            self._ensure().mark.remote(self.job_id, log_id, checkpoint_id)
+            self._ensure().mark.remote(self.job_id, log_id, checkpoint_id, self._caller)
         except Exception as e:  # noqa: BLE001 - only batching suffers
             log.debug("mark of %s failed: %s", log_id, e)
 
@@ -218,7 +226,7 @@ class RayNodeTransport:
 
         try:
             node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
-            node.release.remote(self.job_id, segment.path, log_id, used)
+            node.release.remote(self.job_id, segment.path, log_id, used, self._caller)
         except Exception as e:  # noqa: BLE001 - orphan cleanup after recovery covers it
             log.debug("release of %s failed: %s", segment.path, e)
 

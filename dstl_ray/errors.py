@@ -82,3 +82,8 @@ class RestoreError(CheckpointError):
         super().__init__(message)
         self.checkpoint = checkpoint
         self.path = path
+
+
+class NamespaceError(DstlError, PermissionError):
+    """A request for a job came from another Ray namespace than the job's own: node actors
+    accept a job's requests only from the namespace that job's writers run in."""

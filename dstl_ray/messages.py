@@ -9,6 +9,7 @@ from typing import Protocol
 from .config import ChangelogConfig
 from .format import EncodedSection
 from .handle import Segment
+from .namespaces import Caller
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class PersistRequest:
     # the checkpoint this request makes durable (Flink: persist(from, checkpointId)); -1 for a
     # pre-emptive upload. Nodes use it to keep one checkpoint's requests in one batch.
     checkpoint_id: int = -1
+    # who sent it (stamped by the transport): node actors accept a job's requests only from
+    # the job's own Ray namespace (dstl_ray.namespaces)
+    caller: Caller | None = None
 
     @property
     def size(self) -> int:

@@ -28,6 +28,7 @@ from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment, check_relative_path
 from .messages import PersistRequest
 from .metrics import NodeMetrics
+from .namespaces import Caller, JobNamespaces
 from .storage import join, normalize_url, storage_for
 from .upload import Uploader
 
@@ -128,6 +129,7 @@ class ChangelogNode:
         self._storage = storage_for(self.base_path, config)  # S3 options, fault injection
         self._uploader = Uploader(self._storage, config)
         self._writers: dict[str, str] = {}  # log id -> job id
+        self._namespaces = JobNamespaces()  # job id -> the Ray namespace it may call from
         self._children: set[str] = set()  # child nodes that forward to this one
         self._last_seen: dict[str, float] = {}  # source -> time of its last request
         # job -> source -> the newest checkpoint id it sent a request (or a mark) for
@@ -183,6 +185,8 @@ class ChangelogNode:
             "waits_for_late": c.waits_for_late,
             "idle_sources_dropped": c.idle_sources_dropped,
             "registration_failures": c.registration_failures, "route": self._route,
+            "namespace_refusals": self._namespaces.refused,
+            "namespace_takeovers": self._namespaces.taken_over,
             "route_left": self._route_left, "route_failures": c.route_failures,
             "index": self.index, "height": self.height,
             "upload_attempts": self._uploader.stats.attempts,
@@ -223,12 +227,19 @@ class ChangelogNode:
 
     # ------------------------------------------------------------------ sources
 
-    async def register_writer(self, log_id: str, job_id: str) -> None:
+    async def register_writer(self, log_id: str, job_id: str,
+                              caller: Caller | None = None) -> None:
+        check_relative_path(job_id)
+        self._namespaces.admit(job_id, caller)
         self._writers[log_id] = job_id
         self._last_seen[log_id] = time.monotonic()
         await self._sync_registration()
 
-    async def unregister_writer(self, log_id: str) -> None:
+    async def unregister_writer(self, log_id: str, caller: Caller | None = None) -> None:
+        job_id = self._writers.get(log_id)
+        if job_id is None:
+            return
+        self._namespaces.admit(job_id, caller)
         self._writers.pop(log_id, None)
         self._last_seen.pop(log_id, None)
         for seen in self._ckpt_seen.values():
@@ -297,6 +308,10 @@ class ChangelogNode:
 
     async def persist(self, request: PersistRequest) -> Segment:
         """One writer's request; resolves to the segment holding it once durable."""
+        if not isinstance(request, PersistRequest):
+            raise DstlError(f"bad persist request {type(request).__name__}")
+        check_relative_path(request.job_id)
+        self._namespaces.admit(request.job_id, request.caller)
         if request.source not in self._writers:
             # registered with an earlier incarnation of this actor (Ray restarted it):
             # count it as a source again, so batches wait for it; the upstream learns of
@@ -315,6 +330,11 @@ class ChangelogNode:
     async def persist_batch(self, requests: list[PersistRequest], source: str) -> list[Segment]:
         """A child's whole batch, as ONE request; resolves to one segment per request."""
         self.counters.requests_from_children += 1
+        for r in requests:  # each request still names the process that sent it first
+            if not isinstance(r, PersistRequest):
+                raise DstlError(f"bad persist request {type(r).__name__}")
+            check_relative_path(r.job_id)
+            self._namespaces.admit(r.job_id, r.caller)
         if source not in self._children:  # registered before this actor was restarted
             self._children.add(source)
             asyncio.get_running_loop().create_task(self._sync_registration())
@@ -428,11 +448,13 @@ class ChangelogNode:
         sources = self._sources()
         return {s for s, c in seen.items() if c == previous and s in sources}
 
-    async def mark(self, job_id: str, source: str, checkpoint_id: int) -> None:
+    async def mark(self, job_id: str, source: str, checkpoint_id: int,
+                   caller: Caller | None = None) -> None:
         """``source`` has nothing (more) to send for ``checkpoint_id``: its changes are
         durable already or it had none. A batch waiting for it stops waiting; a node that
         had no request of this checkpoint at all passes the mark to its upstream."""
         check_relative_path(job_id)
+        self._namespaces.admit(job_id, caller)
         if type(checkpoint_id) is not int or checkpoint_id < 0:
             raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
         seen = self._ckpt_seen.setdefault(job_id, {})
@@ -448,7 +470,7 @@ class ChangelogNode:
                             for p in self._pending for r in p.requests)):
             self._marked_up[job_id] = checkpoint_id
             try:
-                self._actor(upstream).mark.remote(job_id, self.name, checkpoint_id)
+                self._actor(upstream).mark.remote(job_id, self.name, checkpoint_id, caller)
             except Exception as e:  # noqa: BLE001 - only batching suffers
                 log.debug("%s: mark to %s failed: %s", self.name, upstream, e)
 
@@ -647,11 +669,13 @@ class ChangelogNode:
 
     # ------------------------------------------------------------------ release
 
-    async def release(self, job_id: str, rel_path: str, log_id: str, used: bool) -> bool:
+    async def release(self, job_id: str, rel_path: str, log_id: str, used: bool,
+                      caller: Caller | None = None) -> bool:
         """A writer no longer needs its segment of ``rel_path``. Once every log in the file
         released it and none of them gave it out in a handle, the file is deleted (a
         pre-emptive upload that no checkpoint used). Returns True if the file was deleted."""
         check_relative_path(job_id)
+        self._namespaces.admit(job_id, caller)
         path = join(self.base_path, job_id, check_relative_path(rel_path))
         entry = self._files.get(path)
         if entry is None:
