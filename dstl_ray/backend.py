@@ -14,6 +14,7 @@ threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used").
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
@@ -34,6 +35,7 @@ from .errors import (
 )
 from .keygroups import KeyGroupRange, assign_key_group
 from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file
+from .merging import FileMergingOptions, SubtaskFileManager
 from .registry import SharedStateRegistry
 from .snapshot import (
     ChangelogComponent,
@@ -70,6 +72,7 @@ class RestoreSource:
     base_path: str
     own_dir: str
     checkpoint: str  # e.g. the metadata URL
+    checkpoint_id: int = -1  # its id (-1: unknown), for taking merged files over
 
 
 class _State:
@@ -196,7 +199,8 @@ class ChangelogKeyedStateBackend:
                  serializer: Serializer | None = None, clock: Callable[[], float] = time.monotonic,
                  restore: Sequence[RestoreSource] = (),
                  executor: concurrent.futures.Executor | None = None,
-                 materialize_in_background: bool = False) -> None:
+                 materialize_in_background: bool = False,
+                 file_merging: FileMergingOptions | None = None) -> None:
         if not key_group_range.end < max_parallelism:
             raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
                                 f"{max_parallelism}")
@@ -210,6 +214,12 @@ class ChangelogKeyedStateBackend:
         self._ser: Serializer = serializer or TaggedSerializer()
         self._pool = executor or _POOL
         self._storage = get_storage(self.job_path)
+        merging = file_merging or FileMergingOptions.from_config(getattr(client, "config", None))
+        # FLIP-306: materializations go into segment files of this subtask's own directory
+        self._merging = (SubtaskFileManager(self._storage, self.job_path, operator_id,
+                                            key_group_range, merging)
+                         if merging.enabled else None)
+        self._compacting = False
         self._lock = threading.RLock()
         self._names: dict[str, int] = {}
         self._kinds: list[StateKind] = []
@@ -225,8 +235,12 @@ class ChangelogKeyedStateBackend:
         self._closed = False
         self.materializations = 0
         self.materialization_failures = 0
-        self._restore(restore)
+        foreign = self._restore(restore)
         self._writer = client.create_writer(operator_id, key_group_range)
+        if foreign:
+            # FLIP-306 4.2: after a rescale our state sits in other subtasks' files; write
+            # our own copy at once (the old directories then go by reference count)
+            self.materialize(force=True)
         self._stop = threading.Event()
         if materialize_in_background and materialization_interval is not None:
             # FLIP-158 "Materializing state changes" runs on its own schedule, not only when
@@ -277,10 +291,13 @@ class ChangelogKeyedStateBackend:
 
     # ------------------------------------------------------------------ restore
 
-    def _restore(self, sources: Sequence[RestoreSource]) -> None:
+    def _restore(self, sources: Sequence[RestoreSource]) -> bool:
         """FLIP-158 "Recovery and rescaling": materialized state first, then the changelog,
-        each filtered to this backend's key groups (the handle filters by sqn)."""
+        each filtered to this backend's key groups (the handle filters by sqn). With file
+        merging, segments of our own directory are taken over (FLIP-306 4.5); returns True
+        if materialized state came from elsewhere (a rescale: we should write our copy)."""
         base: list[Component] = []
+        foreign = False
         for src in sources:
             # a restored component may cover more key groups than the snapshot holding it
             # (a backend restored after rescaling): only the snapshot's own range counts
@@ -306,7 +323,14 @@ class ChangelogKeyedStateBackend:
                                        path=path) from e
                 base.append(restricted(comp, mine))
                 self._base_files.update(files)
+                if self._merging is not None and isinstance(comp, MaterializedHandle):
+                    if comp.job == self.job_id and self._merging.owns(comp.path):
+                        self._merging.adopt(comp.path, comp.offset, comp.size,
+                                            src.checkpoint_id)
+                    else:
+                        foreign = True
         self._base = tuple(base)
+        return foreign
 
     # ------------------------------------------------------------------ registry pins
 
@@ -350,7 +374,12 @@ class ChangelogKeyedStateBackend:
             if self._closed:
                 raise CheckpointError(f"backend of {self.operator_id} is closed")
             base, states, after = self._base, self._states_spec(), self._materialized_sqn
+            if self._merging is not None:
+                for c in base:
+                    if isinstance(c, MaterializedHandle) and self._merging.owns(c.path):
+                        self._merging.used(c.path, c.offset, checkpoint_id)
             pf = self._writer.persist_durably(after=after, checkpoint_id=checkpoint_id)
+        owned = self.owned_dir
         out: concurrent.futures.Future[KeyedStateSnapshot] = concurrent.futures.Future()
 
         def done(f: concurrent.futures.Future) -> None:
@@ -363,7 +392,7 @@ class ChangelogKeyedStateBackend:
                 comps = (base if h.is_empty()
                          else base + (ChangelogComponent(self.job_id, states, h),))
                 out.set_result(KeyedStateSnapshot(self.operator_id, self.key_group_range,
-                                                  comps))
+                                                  comps, owned))
             except BaseException as e:  # noqa: BLE001 - never leave the snapshot pending
                 if not out.done():
                     out.set_exception(CheckpointError(f"snapshot of {self.operator_id} "
@@ -432,15 +461,18 @@ class ChangelogKeyedStateBackend:
                     and len(self._base) == 1):
                 return None
             tables, states = self._copy_tables(), self._states_spec()  # step 2
-            rel = f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}"
             result: concurrent.futures.Future = concurrent.futures.Future()
             self._mat_future = result  # done only after step 4
-            fut = self._pool.submit(self._write_full, tables, states, self.job_path, rel,
-                                    self.job_id, sqn)  # step 3
+            if self._merging is not None:  # step 3: a segment of our physical file
+                fut = self._pool.submit(self._write_segment, tables, states, sqn)
+            else:
+                rel = f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}"
+                fut = self._pool.submit(self._write_full, tables, states, self.job_path, rel,
+                                        self.job_id, sqn)  # step 3
 
         def done(f: concurrent.futures.Future) -> None:  # step 4
             try:
-                self._materialized(f, sqn, rel)
+                self._materialized(f, sqn)
             except BaseException as e:  # noqa: BLE001 - report through the future
                 result.set_exception(e)
             else:
@@ -449,7 +481,14 @@ class ChangelogKeyedStateBackend:
         fut.add_done_callback(done)
         return result
 
-    def _materialized(self, f: concurrent.futures.Future, sqn: int, rel: str) -> None:
+    def _write_segment(self, tables: list, states: StatesSpec, sqn: int) -> MaterializedHandle:
+        assert self._merging is not None
+        data, sections = encode_file(tables, states, self.key_group_range)
+        rel, offset = self._merging.write(data)
+        return MaterializedHandle(self.job_id, rel, self.key_group_range, states, sections,
+                                  len(data), sqn, offset)
+
+    def _materialized(self, f: concurrent.futures.Future, sqn: int) -> None:
         err = f.exception()
         with self._lock:
             if err is not None:
@@ -457,12 +496,17 @@ class ChangelogKeyedStateBackend:
                 log.warning("materialization of %s failed: %s", self.operator_id, err)
                 raise err
             h: MaterializedHandle = f.result()
-            url = join(self.job_path, rel)
-            if self._closed:
-                self._storage.delete(url)  # never part of any checkpoint
+            url = join(self.job_path, h.path)
+            if self._closed:  # never part of any checkpoint
+                if self._merging is not None:
+                    self._merging.discard(h.path, h.offset)
+                else:
+                    self._storage.delete(url)
                 raise CheckpointError("backend closed during materialization")
             self._base = (h,)
             self._base_files = {url.rsplit("/", 1)[-1]: url}
+            if self._merging is not None:
+                self._merging.set_base(h.path, h.offset)
             self._materialized_sqn = max(self._materialized_sqn, sqn)
             self._writer.truncate(before=sqn)
             self.materializations += 1
@@ -481,6 +525,82 @@ class ChangelogKeyedStateBackend:
         f = self._mat_future
         if f is not None:
             concurrent.futures.wait([f], timeout=timeout)
+
+    # ------------------------------------------------------------------ file merging
+
+    @property
+    def owned_dir(self) -> str | None:
+        """This subtask's directory of merged files, relative to the job directory (FLIP-306
+        "DirectoryStateHandle"); None without file merging."""
+        return self._merging.dir if self._merging is not None else None
+
+    def take_over(self, checkpoints: Sequence[Any]) -> None:
+        """Adopt the segments of our directory that other retained checkpoints (of
+        :class:`~dstl_ray.recovery.CompletedCheckpoint`) name, so their files are freed
+        once those are subsumed."""
+        if self._merging is None:
+            return
+        for cc in checkpoints:
+            for snap in cc.metadata.snapshots:
+                if snap.owned_dir != self._merging.dir:
+                    continue
+                for c in snap.components:
+                    if (isinstance(c, MaterializedHandle) and c.job == self.job_id
+                            and self._merging.owns(c.path)):
+                        self._merging.adopt(c.path, c.offset, c.size, cc.checkpoint_id,
+                                            base=False)
+
+    def notify_checkpoint_subsumed(self, watermark: int) -> None:
+        """Every checkpoint up to ``watermark`` is subsumed or declined (FLIP-306 4.4: a
+        watermark, so a lost notification is made good by the next). Frees dead segment
+        files and starts a compaction when space amplification calls for one (4.7)."""
+        if self._merging is None:
+            return
+        self._merging.subsumed(watermark)
+        cand = self._merging.compaction_candidate()
+        with self._lock:
+            # while state changes, the next materialization rewrites it anyway (and frees
+            # the old file): compact only state that stays put
+            quiet = (self._writer.last_appended_sqn() == self._materialized_sqn
+                     and len(self._base) == 1)
+            if cand is None or not quiet or self._compacting or self._closed:
+                return
+            self._compacting = True
+        self._pool.submit(self._compact, *cand)
+
+    def _compact(self, rel: str, offset: int, length: int) -> None:
+        """Rewrite the current state's segment into a fresh file; the next snapshot names
+        the copy, the old file goes once the checkpoints using it are subsumed."""
+        assert self._merging is not None
+        try:
+            data = self._storage.read_range(join(self.job_path, rel), offset, length)
+            if len(data) != length:
+                raise FormatError(f"segment has {len(data)} of {length} bytes",
+                                  path=join(self.job_path, rel), offset=offset)
+            new_rel, new_off = self._merging.write(data)
+            with self._lock:
+                h = self._base[0] if len(self._base) == 1 else None
+                if (self._closed or not isinstance(h, MaterializedHandle)
+                        or (h.path, h.offset) != (rel, offset)):
+                    self._merging.discard(new_rel, new_off)  # the state moved on meanwhile
+                    return
+                h = dataclasses.replace(h, path=new_rel, offset=new_off)
+                url = join(self.job_path, new_rel)
+                self._base = (h,)
+                self._base_files = {url.rsplit("/", 1)[-1]: url}
+                self._merging.set_base(new_rel, new_off)
+                self._merging.compacted(length)
+                self._repin()
+        except DstlError as e:
+            log.warning("compaction of %s in %s failed: %s", rel, self.operator_id, e)
+        finally:
+            with self._lock:
+                self._compacting = False
+
+    def file_merging_stats(self) -> dict[str, Any]:
+        if self._merging is None:
+            return {}
+        return {**dataclasses.asdict(self._merging.stats), **self._merging.space()}
 
     # ------------------------------------------------------------------ introspection
 
@@ -522,3 +642,5 @@ class ChangelogKeyedStateBackend:
             log.warning("closing writer of %s: %s", self.operator_id, e)
         if self._registry is not None:
             self._registry.unpin_all(self._owner)
+        if self._merging is not None:
+            self._merging.close()

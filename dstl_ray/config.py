@@ -20,6 +20,7 @@ KiB = 1024
 MiB = 1024 * 1024
 
 COMPRESSIONS = ("none", "zstd")
+MERGING_MODES = ("none", "within_checkpoint", "across_checkpoints")
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,19 @@ class ChangelogConfig:
     tracing: str = _opt(
         "off", "OpenTelemetry tracing of upload paths: off, console, otlp (OTEL_* variables), "
         "memory (tests) or file:<dir> (JSON lines for dstl-ray trace).")
+    file_merging: str = _opt(
+        "none", "File merging of materialized state (FLIP-306): none, within_checkpoint "
+        "(state.checkpoints.file-merging.enabled) or across_checkpoints (also "
+        "...across-checkpoint-boundary; file:// only).", choices=MERGING_MODES)
+    file_merging_max_file_size: int = _opt(
+        32 * MiB, "A physical file takes no more segments once it holds this many bytes "
+        "(FLIP-306 max-file-size).", 1, 1 << 40)
+    file_merging_max_file_pool_size: int = _opt(
+        4, "Physical files a subtask may have open for concurrent writers (FLIP-306 "
+        "max-file-pool-size).", 1, 1024)
+    file_merging_max_space_amplification: float = _opt(
+        2.0, "A physical file whose size exceeds this multiple of its live bytes is "
+        "compacted (FLIP-306 max-space-amplification; >= 1).", 1.0, 1e6)
     namespace: str = _opt("dstl_ray", "Ray namespace of the node actors.")
 
     def __post_init__(self) -> None:

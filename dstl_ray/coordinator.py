@@ -13,6 +13,7 @@ import concurrent.futures
 import enum
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from .backend import ChangelogKeyedStateBackend
@@ -83,6 +84,7 @@ class CheckpointCoordinator:
         self._lock = threading.Lock()
         self._retained: list[CompletedCheckpoint] = []
         self._pending: dict[int, PendingCheckpoint] = {}
+        self._in_progress: set[int] = set()  # checkpoint ids triggered and not yet finished
         self._next_id = 1
         self._finisher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-cc")
         self.declined = 0
@@ -91,12 +93,34 @@ class CheckpointCoordinator:
 
     def register_backend(self, backend: ChangelogKeyedStateBackend) -> None:
         backend.attach_registry(self.registry)
+        if backend.owned_dir is not None:  # its merged files are its own to delete
+            self.registry.set_claims(f"backend-{id(backend)}",
+                                     [join(backend.job_path, backend.owned_dir)])
         with self._lock:
             self.backends.append(backend)
 
     def unregister_backend(self, backend: ChangelogKeyedStateBackend) -> None:
         with self._lock:
             self.backends.remove(backend)
+        self.registry.set_claims(f"backend-{id(backend)}", ())
+
+    def subsumed_watermark(self) -> int:
+        """The newest checkpoint id up to which every checkpoint is subsumed or declined:
+        nothing at or below it is retained or in progress (FLIP-306 4.4)."""
+        with self._lock:
+            ids = [c.checkpoint_id for c in self._retained] + list(self._in_progress)
+            return (min(ids) if ids else self._next_id) - 1
+
+    def _notify_subsumed(self) -> None:
+        """Tell every backend the watermark (each call carries all earlier ones)."""
+        wm = self.subsumed_watermark()
+        with self._lock:
+            backends = list(self.backends)
+        for b in backends:
+            try:
+                b.notify_checkpoint_subsumed(wm)
+            except DstlError as e:
+                log.warning("subsume notification to %s failed: %s", b.operator_id, e)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -118,6 +142,7 @@ class CheckpointCoordinator:
         """Checkpoint n: every backend's snapshot, then the metadata file (asynchronously)."""
         with self._lock:
             n = self._new_id()
+            self._in_progress.add(n)
             backends = list(self.backends)
             too_many = len(self._pending) >= self.max_concurrent
         self.registry.checkpoint_started(n)
@@ -141,6 +166,8 @@ class CheckpointCoordinator:
     def _forget(self, n: int) -> None:
         with self._lock:
             self._pending.pop(n, None)
+            self._in_progress.discard(n)
+        self._notify_subsumed()
 
     def _finish(self, n: int, futures: list[concurrent.futures.Future],
                 error: BaseException | None) -> CompletedCheckpoint:
@@ -171,6 +198,7 @@ class CheckpointCoordinator:
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
         cc = CompletedCheckpoint(n, url, meta, files, len(text))
+        self._claim_dirs(snaps)
         with self._lock:
             self._retained.append(cc)
             subsumed = self._retained[:-self.retained_count]
@@ -179,6 +207,12 @@ class CheckpointCoordinator:
         for old in subsumed:
             self._discard(old)
         return cc
+
+    def _claim_dirs(self, snaps: Iterable[KeyedStateSnapshot]) -> None:
+        """The newest checkpoint's subtask directories (FLIP-306 "DirectoryStateHandle")
+        stay with their subtasks; others go back to reference counting."""
+        self.registry.set_claims("checkpoint", [join(self.job_path, s.owned_dir)
+                                                for s in snaps if s.owned_dir])
 
     def complete_checkpoint(self, checkpoint_id: int, snapshots: list[KeyedStateSnapshot]
                             ) -> CompletedCheckpoint:
@@ -192,9 +226,14 @@ class CheckpointCoordinator:
                     f"checkpoint {checkpoint_id} of job {self.job_id}: checkpoint {newest} is "
                     f"already complete (ids must grow)")
             self._next_id = max(self._next_id, checkpoint_id + 1)
+            self._in_progress.add(checkpoint_id)
         self.registry.checkpoint_started(checkpoint_id)
-        return self._finisher.submit(self._commit, checkpoint_id, list(snapshots),
-                                     None).result()
+        try:
+            return self._finisher.submit(self._commit, checkpoint_id, list(snapshots),
+                                         None).result()
+        finally:
+            with self._lock:
+                self._in_progress.discard(checkpoint_id)
 
     def drop_checkpoints_from(self, checkpoint_id: int) -> list[int]:
         """Forget retained checkpoints with id >= ``checkpoint_id`` (their metadata first,
@@ -205,6 +244,7 @@ class CheckpointCoordinator:
             self._retained = [c for c in self._retained if c.checkpoint_id < checkpoint_id]
         for cc in reversed(gone):
             self._discard(cc)
+        self._notify_subsumed()
         return [c.checkpoint_id for c in gone]
 
     def _discard(self, cc: CompletedCheckpoint) -> None:
@@ -316,8 +356,13 @@ class CheckpointCoordinator:
             keep_urls = {u for c in keep for u in c.files.values()} | {
                 c.metadata_url for c in keep}
             cleanup_orphans(self.job_path, keep_urls, self.storage)
+        if chosen is not None:
+            self._claim_dirs(chosen.metadata.snapshots)
         for b in backends:
+            if own:
+                b.take_over(keep)
             self.register_backend(b)
+        self._notify_subsumed()
         if chosen is not None and not own and not claim:
             # NO_CLAIM / savepoint: the first checkpoint must not depend on foreign files
             for b in backends:

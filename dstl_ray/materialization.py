@@ -57,6 +57,9 @@ class MaterializedHandle:
     sections: tuple[tuple[int, int, int], ...]  # (key group, offset, length)
     size: int
     sqn: int = 0  # last materialized sqn of the writing backend (informative)
+    # where this logical file starts in the physical file ``path`` (FLIP-306
+    # "SegmentFileStateHandle": path, offset, length = size); 0 for a file of its own
+    offset: int = 0
 
     def root(self, base_path: str, own_dir: str) -> str:
         return join(base_path, self.job) if self.job is not None else own_dir
@@ -69,7 +72,7 @@ class MaterializedHandle:
                 "key_groups": self.key_group_range.to_json(),
                 "states": [list(s) for s in self.states],
                 "sections": [list(s) for s in self.sections], "size": self.size,
-                "sqn": self.sqn}
+                "sqn": self.sqn, **({"offset": self.offset} if self.offset else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MaterializedHandle:
@@ -83,12 +86,14 @@ class MaterializedHandle:
             kgr = KeyGroupRange.from_json(d["key_groups"])
             states = parse_states(d["states"])
             raw_sections, size, sqn = d["sections"], d["size"], d.get("sqn", 0)
+            offset = d.get("offset", 0)
         except KeyError as e:
             raise HandleError(f"materialized handle lacks {e}") from None
         if not path.endswith(MAT_SUFFIX):
             raise HandleError(f"materialized path {path!r} is not a {MAT_SUFFIX} file")
         size = non_negative_int("materialized size", size)
         sqn = non_negative_int("materialized sqn", sqn)
+        offset = non_negative_int("materialized offset", offset)
         if not isinstance(raw_sections, list):
             raise HandleError(f"materialized sections must be a list, got {show(raw_sections)}")
         sections = []
@@ -101,7 +106,8 @@ class MaterializedHandle:
                 raise HandleError(f"materialized section {(kg, off, ln)!r} lies outside key "
                                   f"groups {kgr.start}..{kgr.end} or the file's {size} bytes")
             sections.append((kg, off, ln))
-        return cls(parse_job(d.get("job")), path, kgr, states, tuple(sections), size, sqn)
+        return cls(parse_job(d.get("job")), path, kgr, states, tuple(sections), size, sqn,
+                   offset)
 
 
 def encode_file(tables: TablesSnapshot, states: StatesSpec, key_group_range: KeyGroupRange
@@ -184,14 +190,25 @@ def read_sections(storage: Storage, url: str, handle: MaterializedHandle,
     wanted = [s for s in handle.sections if s[0] in key_groups]
     if not wanted:
         return
+    base = handle.offset  # the logical file's start in the physical file
     if sum(ln for _, _, ln in wanted) * 2 >= handle.size:
-        data = storage.read_file(url)
+        data = (storage.read_range(url, base, handle.size) if base or _merged(url)
+                else storage.read_file(url))
         if len(data) != handle.size:
-            raise FormatError(f"file has {len(data)} bytes, handle says {handle.size}",
-                              path=url)
+            raise FormatError(f"file has {len(data)} bytes at offset {base}, handle says "
+                              f"{handle.size}", path=url)
         check_header(data, url)
         for kg, off, ln in wanted:
-            yield kg, decode_section(data[off:off + ln], kg, url, off)
+            yield kg, decode_section(data[off:off + ln], kg, url, base + off)
     else:
         for kg, off, ln in wanted:
-            yield kg, decode_section(storage.read_range(url, off, ln), kg, url, off)
+            yield kg, decode_section(storage.read_range(url, base + off, ln), kg, url,
+                                     base + off)
+
+
+SHARED_DIR = "shared"  # FLIP-306 4.3: ${checkpointBaseDir}/shared/<subtask>/ (merged files)
+
+
+def _merged(url: str) -> bool:
+    """A physical file of file merging (several logical files; see :mod:`.merging`)."""
+    return f"/{SHARED_DIR}/" in url

@@ -74,7 +74,8 @@ def assign_sources(checkpoint: CompletedCheckpoint, operator_id: str, parallelis
     out: list[list[RestoreSource]] = []
     for i in range(parallelism):
         kgr = key_group_range_for_subtask(meta.max_parallelism, parallelism, i)
-        out.append([RestoreSource(s, base, own_dir, checkpoint.metadata_url)
+        out.append([RestoreSource(s, base, own_dir, checkpoint.metadata_url,
+                                  checkpoint.checkpoint_id)
                     for s in meta.snapshots
                     if s.operator_id == operator_id and s.key_group_range.intersect(kgr)])
     return out

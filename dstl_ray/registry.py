@@ -9,7 +9,11 @@ deleted only when
   (sqn after the last materialization) and its current materialized state,
 * no checkpoint that was already pending when the count dropped to zero is still pending
   (its handles may resolve later and name the file), and
-* it is not protected (files of a checkpoint restored in NO_CLAIM mode are never deleted).
+* it is not protected (files of a checkpoint restored in NO_CLAIM mode are never deleted),
+* it does not lie in a claimed directory: a subtask's directory of merged files (FLIP-306
+  4.3) belongs to the subtask while it lives or while the newest checkpoint names it; the
+  subtask deletes those files itself, by segment use and subsumed watermark. Once nobody
+  claims a directory (its subtask rescaled away), its files go by reference count here.
 
 Thread-safe; deletes run outside the lock.
 """
@@ -44,6 +48,7 @@ class SharedStateRegistry:
         self._last_started = 0
         self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
         self._protected: set[str] = set()
+        self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
         self.deleted: list[str] = []
 
     # ------------------------------------------------------------------ checkpoints
@@ -109,6 +114,30 @@ class SharedStateRegistry:
             for n in self._protected:
                 self._candidates.pop(n, None)
 
+    # ------------------------------------------------------------------ claimed directories
+
+    def set_claims(self, owner: str, directories: Iterable[str]) -> None:
+        """Replace the directories ``owner`` claims (URLs); files there are not ours to
+        delete. Files of directories no longer claimed become candidates if unreferenced."""
+        with self._lock:
+            new = frozenset(d.rstrip("/") + "/" for d in directories)
+            if new:
+                self._claims[owner] = new
+            else:
+                self._claims.pop(owner, None)
+            for name in list(self._urls):
+                if name in self._candidates:
+                    if self._claimed(name):
+                        del self._candidates[name]
+                else:
+                    self._maybe_candidate(name)
+        self.collect()
+
+    def _claimed(self, name: str) -> bool:
+        url = self._urls.get(name)
+        return url is not None and any(url.startswith(p) for ps in self._claims.values()
+                                       for p in ps)
+
     # ------------------------------------------------------------------ queries
 
     def _pinned(self, name: str) -> bool:
@@ -116,7 +145,8 @@ class SharedStateRegistry:
 
     def _maybe_candidate(self, name: str) -> None:
         if (name not in self._refs and not self._pinned(name)
-                and name not in self._protected and name in self._urls):
+                and name not in self._protected and name in self._urls
+                and not self._claimed(name)):
             self._candidates[name] = self._last_started
 
     def reference_count(self, name: str) -> int:
@@ -146,6 +176,8 @@ class SharedStateRegistry:
             for n in due:
                 del self._candidates[n]
                 if n in self._refs or self._pinned(n) or n in self._protected:
+                    continue
+                if self._claimed(n):  # its subtask deletes it
                     continue
                 urls.append(self._urls.pop(n))
         for url in urls:

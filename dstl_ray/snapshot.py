@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import HandleError
-from .handle import StateChangelogHandle, loads, non_negative_int, show
+from .handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
 from .keygroups import KeyGroupRange
-from .materialization import MaterializedHandle, StatesSpec, read_sections
+from .materialization import SHARED_DIR, MaterializedHandle, StatesSpec, read_sections
 from .state import StateKind
 from .storage import Storage, get_storage, join, normalize_url
 
@@ -154,10 +154,16 @@ class KeyedStateSnapshot:
     operator_id: str
     key_group_range: KeyGroupRange
     components: tuple[Component, ...] = ()
+    # FLIP-306 "DirectoryStateHandle": the subtask's directory of merged files, relative to
+    # the job directory; its files belong to the subtask, the directory to the coordinator
+    owned_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"operator": self.operator_id, "key_groups": self.key_group_range.to_json(),
-                "components": [c.to_dict() for c in self.components]}
+        d = {"operator": self.operator_id, "key_groups": self.key_group_range.to_json(),
+             "components": [c.to_dict() for c in self.components]}
+        if self.owned_dir is not None:
+            d["owned_dir"] = self.owned_dir
+        return d
 
     @classmethod
     def from_dict(cls, d: object, base_path: str) -> KeyedStateSnapshot:
@@ -166,8 +172,13 @@ class KeyedStateSnapshot:
         comps = d.get("components")
         if not isinstance(comps, list):
             raise HandleError("snapshot components must be a list")
+        owned = d.get("owned_dir")
+        if owned is not None:
+            owned = check_relative_path(owned)
+            if not owned.startswith(SHARED_DIR + "/"):
+                raise HandleError(f"owned directory {show(owned)} is not under {SHARED_DIR}/")
         return cls(d["operator"], KeyGroupRange.from_json(d.get("key_groups")),
-                   tuple(component_from_dict(c, base_path) for c in comps))
+                   tuple(component_from_dict(c, base_path) for c in comps), owned)
 
     def files(self, base_path: str, own_dir: str) -> dict[str, str]:
         out: dict[str, str] = {}

@@ -145,7 +145,8 @@ class KeyedStatefulOperator:
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
-                        latest.metadata_url if latest else None)
+                        latest.metadata_url if latest else None,
+                        subsumed_watermark=cc.subsumed_watermark())
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

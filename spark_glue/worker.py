@@ -46,6 +46,9 @@ class TaskSpec:
     restore_id: int  # latest complete checkpoint (-1: none, start empty)
     restore_url: str | None
     persist_timeout_s: float = 120.0
+    # FLIP-306 4.4: the coordinator's subsumed watermark, so merged files are freed on the
+    # executors (each batch carries it: a lost one is made good by the next)
+    subsumed_watermark: int = -1
 
 
 class ValueView:
@@ -224,6 +227,7 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
         if out is not None:
             outputs.extend(out)
     t1 = time.perf_counter()
+    backend.notify_checkpoint_subsumed(spec.subsumed_watermark)
     snap = backend.snapshot(checkpoint_id=spec.batch_id).result(timeout=spec.persist_timeout_s)
     t2 = time.perf_counter()
     entry.holds = spec.batch_id
