@@ -554,6 +554,7 @@ class ChangelogKeyedStateBackend:
         """Every checkpoint up to ``watermark`` is subsumed or declined (FLIP-306 4.4: a
         watermark, so a lost notification is made good by the next). Frees dead segment
         files and starts a compaction when space amplification calls for one (4.7)."""
+        self._writer.subsumed(watermark)  # nodes merging changelog files learn it too
         if self._merging is None:
             return
         self._merging.subsumed(watermark)

@@ -221,12 +221,14 @@ class RayNodeTransport:
         except Exception as e:  # noqa: BLE001 - only batching suffers
             log.debug("mark of %s failed: %s", log_id, e)
 
-    def release(self, segment: Segment, log_id: str, used: bool) -> None:
+    def release(self, segment: Segment, log_id: str, used: bool,
+                last_checkpoint: int = -1) -> None:
         import ray
 
         try:
             node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
-            node.release.remote(self.job_id, segment.path, log_id, used, self._caller)
+            node.release.remote(self.job_id, segment.path, log_id, used, self._caller,
+                                segment.offset, last_checkpoint)
         except Exception as e:  # noqa: BLE001 - orphan cleanup after recovery covers it
             log.debug("release of %s failed: %s", segment.path, e)
 
@@ -272,7 +274,8 @@ class DirectTransport:
 
         return self._pool.submit(write)
 
-    def release(self, segment: Segment, log_id: str, used: bool) -> None:
+    def release(self, segment: Segment, log_id: str, used: bool,
+                last_checkpoint: int = -1) -> None:
         with self._lock:
             logs = self.files.get(segment.path)
             if logs is None:

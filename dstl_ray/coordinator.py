@@ -26,6 +26,7 @@ from .recovery import (
     restore_backends,
 )
 from .registry import SharedStateRegistry
+from .segment_files import SEGMENTS_DIR
 from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 from .storage import get_storage, join, normalize_url
 
@@ -87,6 +88,8 @@ class CheckpointCoordinator:
         self._in_progress: set[int] = set()  # checkpoint ids triggered and not yet finished
         self._next_id = 1
         self._finisher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-cc")
+        # merged changelog files belong to the node actors that append to them (FLIP-306)
+        self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR)])
         self.declined = 0
 
     # ------------------------------------------------------------------ backends

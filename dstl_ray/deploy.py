@@ -75,9 +75,12 @@ def deploy(base_path: str, config: ChangelogConfig | None = None, *,
     """
     from topology.placement import node_actor_name, place_tree
 
+    from .merging import FileMergingOptions
+
     config = config or ChangelogConfig.from_env()
-    ensure_ray(config.namespace, address)
     base = normalize_url(base_path)
+    FileMergingOptions.from_config(config).check_storage(base)  # refused before any actor
+    ensure_ray(config.namespace, address)
     placed = place_tree(base, config, detached=detached)
     if not placed:
         raise NodeUnavailableError("the Ray cluster has no alive nodes")

@@ -26,6 +26,9 @@ class PersistRequest:
     # who sent it (stamped by the transport): node actors accept a job's requests only from
     # the job's own Ray namespace (dstl_ray.namespaces)
     caller: Caller | None = None
+    # the job's subsumed watermark as the writer knows it (FLIP-306 4.4): nodes free merged
+    # changelog files once no retained checkpoint can name them
+    subsumed: int = -1
 
     @property
     def size(self) -> int:
@@ -48,4 +51,5 @@ class Transport(Protocol):
 
     def send(self, request: PersistRequest) -> concurrent.futures.Future[Segment]: ...
 
-    def release(self, segment: Segment, log_id: str, used: bool) -> None: ...
+    def release(self, segment: Segment, log_id: str, used: bool,
+                last_checkpoint: int = -1) -> None: ...

@@ -26,10 +26,12 @@ from .config import ChangelogConfig
 from .errors import DstlError, StorageError
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment, check_relative_path
+from .merging import FileMergingOptions
 from .messages import PersistRequest
 from .metrics import NodeMetrics
 from .namespaces import Caller, JobNamespaces
-from .storage import join, normalize_url, storage_for
+from .segment_files import FlushFiles
+from .storage import get_storage, join, normalize_url, storage_for
 from .upload import Uploader
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,11 @@ class ChangelogNode:
         self._order: list[str] | None = None  # root only: the tree's node order
         self._watcher: asyncio.Task | None = None
         self._files: dict[str, tuple[set[str], list[bool]]] = {}  # path -> (logs, [kept])
+        # FLIP-306 across checkpoints: each job's flushes appended to this node's open file
+        self._merging = FileMergingOptions.from_config(config)
+        if self._merging.across:
+            self._merging.check_storage(self.base_path)
+        self._flush_files: dict[str, FlushFiles] = {}
 
     # ------------------------------------------------------------------ info
 
@@ -186,6 +193,7 @@ class ChangelogNode:
             "idle_sources_dropped": c.idle_sources_dropped,
             "registration_failures": c.registration_failures, "route": self._route,
             "namespace_refusals": self._namespaces.refused,
+            "merged_changelog": {j: ff.stats() for j, ff in self._flush_files.items()},
             "namespace_takeovers": self._namespaces.taken_over,
             "route_left": self._route_left, "route_failures": c.route_failures,
             "index": self.index, "height": self.height,
@@ -356,6 +364,9 @@ class ChangelogNode:
                         spans)
         self._last_seen[source] = item.arrived
         for r in requests:
+            if r.subsumed >= 0 and r.job_id in self._flush_files:
+                asyncio.get_running_loop().run_in_executor(
+                    None, self._flush_files[r.job_id].subsumed, r.subsumed)
             if r.checkpoint_id >= 0:
                 seen = self._ckpt_seen.setdefault(r.job_id, {})
                 seen[source] = max(seen.get(source, -1), r.checkpoint_id)
@@ -632,6 +643,9 @@ class ChangelogNode:
             for sp in job_spans:
                 sp.set_attribute("dstl.action", "flush")
                 sp.set_attribute("dstl.file", rel)
+            if self._merging.across:
+                await self._append(job_id, idx, requests, data, offsets, out, job_spans)
+                return
             attempts0 = self._uploader.stats.attempts
             t0 = time.monotonic()
             with tracing.span("dstl.dfs.put",
@@ -669,14 +683,54 @@ class ChangelogNode:
 
     # ------------------------------------------------------------------ release
 
+    def _job_files(self, job_id: str) -> FlushFiles:
+        ff = self._flush_files.get(job_id)
+        if ff is None:
+            ff = self._flush_files[job_id] = FlushFiles(
+                get_storage(self.base_path), join(self.base_path, job_id), self.node_key,
+                self._merging)
+        return ff
+
+    async def _append(self, job_id: str, idx: list[int], requests: list[PersistRequest],
+                      data: bytes, offsets: list[int], out: list[Segment | None],
+                      spans: list[Any]) -> None:
+        """FLIP-306 across checkpoints: the flush goes to the end of this node's open file
+        for the job; section offsets shift by where it landed."""
+        ff = self._job_files(job_id)
+        t0 = time.monotonic()
+        with tracing.span("dstl.dfs.append",
+                          tracing.carrier(spans[0]) if spans else None,
+                          node=self.name, level=self.level, bytes=len(data), logs=len(idx)):
+            try:
+                rel, base = await asyncio.to_thread(ff.append, data,
+                                                    {requests[i].log_id for i in idx})
+            except StorageError:
+                self.counters.flush_failures += 1
+                self.metrics.error("dfs")
+                raise
+        self.metrics.dfs_request(len(data), (time.monotonic() - t0) * 1000, len(idx))
+        self.counters.files_flushed += 1
+        self.counters.bytes_flushed += len(data)
+        for sp in spans:
+            sp.set_attribute("dstl.file", rel)
+        for i, off in zip(idx, offsets, strict=True):
+            s = requests[i].section
+            out[i] = Segment(rel, base + off, len(s.data), s.sqn_min, s.sqn_max, self.name)
+
     async def release(self, job_id: str, rel_path: str, log_id: str, used: bool,
-                      caller: Caller | None = None) -> bool:
+                      caller: Caller | None = None, offset: int = 0,
+                      last_checkpoint: int = -1) -> bool:
         """A writer no longer needs its segment of ``rel_path``. Once every log in the file
         released it and none of them gave it out in a handle, the file is deleted (a
         pre-emptive upload that no checkpoint used). Returns True if the file was deleted."""
         check_relative_path(job_id)
         self._namespaces.admit(job_id, caller)
         path = join(self.base_path, job_id, check_relative_path(rel_path))
+        ff = self._flush_files.get(job_id)
+        if ff is not None and ff.owns(rel_path):
+            await asyncio.to_thread(ff.release, rel_path, offset, log_id, used,
+                                    last_checkpoint)
+            return False
         entry = self._files.get(path)
         if entry is None:
             return False

@@ -31,6 +31,7 @@ from .errors import (
 from .format import Changeset, encode_section
 from .handle import Segment, StateChangelogHandle
 from .keygroups import KeyGroupRange
+from .merging import UNKNOWN_USE as UNKNOWN_CHECKPOINT
 from .messages import PersistRequest, Transport
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class _Upload:
     segment: Segment | None = None
     used: bool = False  # included in a handle given out by persist_durably
     released: bool = False
+    last_checkpoint: int = -1  # newest checkpoint whose handle included it
 
 
 class StateChangelogWriter:
@@ -78,6 +80,7 @@ class StateChangelogWriter:
         self._unsent_bytes = 0  # bytes appended since the last upload started
         self._sqn = 0  # sqn of the last closed changeset
         self._truncated = 0  # changesets with sqn <= this were dropped
+        self._subsumed = -1  # the job's subsumed watermark, sent with every request
         self._changesets: dict[int, Changeset] = {}
         self._sizes: dict[int, int] = {}
         self._uploads: dict[int, _Upload] = {}  # sqn -> upload holding that changeset
@@ -136,7 +139,8 @@ class StateChangelogWriter:
         self._unsent_bytes = 0
         try:
             fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace,
-                                                        checkpoint_id))
+                                                        checkpoint_id,
+                                                        subsumed=self._subsumed))
         except Exception as e:  # noqa: BLE001 - the node is gone; fail this upload only
             fut = concurrent.futures.Future()
             fut.set_exception(e)
@@ -225,6 +229,8 @@ class StateChangelogWriter:
                     uploads.append(up)
             for up in uploads:
                 up.used = True
+                up.last_checkpoint = max(up.last_checkpoint, checkpoint_id
+                                         if checkpoint_id >= 0 else UNKNOWN_CHECKPOINT)
             sqn_to = self._sqn
         if new is None and checkpoint_id >= 0:
             # nothing new to send for this checkpoint: tell the node not to wait for us
@@ -278,6 +284,11 @@ class StateChangelogWriter:
 
     # ------------------------------------------------------------------ truncate / close
 
+    def subsumed(self, watermark: int) -> None:
+        """Every checkpoint of the job up to ``watermark`` is subsumed or declined; the
+        next request tells the nodes (FLIP-306 4.4)."""
+        self._subsumed = max(self._subsumed, watermark)
+
     def truncate(self, before: int) -> None:
         """Drop every changeset with sqn <= ``before`` (called once state up to ``before``
         is materialized). Uploads it no longer needs are released: the node deletes a file
@@ -305,7 +316,7 @@ class StateChangelogWriter:
 
     def _release(self, up: _Upload) -> None:
         try:
-            self._transport.release(up.segment, self.log_id, up.used)
+            self._transport.release(up.segment, self.log_id, up.used, up.last_checkpoint)
         except DstlError as e:
             log.warning("cannot release unused upload %s: %s", up.segment, e)
 
