@@ -224,6 +224,24 @@ class FaultyStorage:
             raise InjectedFault(f"injected torn upload: {len(data) // 2} of {len(data)} bytes "
                                 f"of {path} landed, then the connection reset")
 
+    def append_file(self, path: str, data: bytes) -> int:
+        """The same faults for appends (merged files, FLIP-306): a torn append leaves half
+        the bytes at the end of the file."""
+        if self.spec.match not in path:
+            return self.inner.append_file(path, data)  # type: ignore[attr-defined]
+        kind, latency = self._next()
+        if latency:
+            time.sleep(latency)
+        if kind.startswith("slow:"):
+            time.sleep(float(kind[5:]))
+        if kind == "ok" or kind.startswith("slow:"):
+            return self.inner.append_file(path, data)  # type: ignore[attr-defined]
+        if kind == "timeout":
+            time.sleep(self.spec.hang_s)
+        if kind == "torn":
+            self.inner.append_file(path, data[:len(data) // 2])  # type: ignore[attr-defined]
+        raise InjectedFault(f"injected {kind} on append to {path}")
+
     def read_file(self, path: str) -> bytes:
         return self.inner.read_file(path)
 

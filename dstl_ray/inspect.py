@@ -6,7 +6,8 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from .format import FILE_SUFFIX, decode_file
+from .errors import FormatError
+from .format import _TRAILER, FILE_SUFFIX, TRAILER_SIZE, decode_file
 from .storage import get_storage, normalize_url
 
 
@@ -37,12 +38,44 @@ def describe_changelog_file(path: str, data: bytes) -> dict[str, Any]:
     }
 
 
+def flush_ranges(data: bytes, path: str) -> list[tuple[int, int]]:
+    """(start, end) of every whole changelog file in a merged file (FLIP-306 across
+    checkpoints: flushes appended one after another), found from the end: each trailer
+    gives its file's length."""
+    out: list[tuple[int, int]] = []
+    end = len(data)
+    while end > 0:
+        if end < TRAILER_SIZE:
+            raise FormatError("merged file: no trailer before this point (torn?)", path=path,
+                              offset=end)
+        footer_off, footer_len = _TRAILER.unpack_from(data, end - TRAILER_SIZE)
+        start = end - (footer_off + footer_len + TRAILER_SIZE)
+        if start < 0 or start >= end:
+            raise FormatError("merged file: trailer names a length beyond the file",
+                              path=path, offset=end - TRAILER_SIZE)
+        out.append((start, end))
+        end = start
+    return out[::-1]
+
+
+def describe_merged_file(path: str, data: bytes) -> dict[str, Any]:
+    """Every flush of a node's merged changelog file, each decoded and verified."""
+    flushes = []
+    for start, end in flush_ranges(data, path):
+        d = describe_changelog_file(f"{path}@{start}", data[start:end])
+        flushes.append({"offset": start, **{k: v for k, v in d.items() if k != "path"}})
+    return {"path": path, "size": len(data), "flushes": flushes}
+
+
 def inspect_path(path: str) -> dict[str, Any]:
     """Describe a changelog file, a checkpoint ``_metadata`` file or directory."""
     url = normalize_url(path)
     st = get_storage(url)
     if url.endswith(FILE_SUFFIX):
-        return describe_changelog_file(url, st.read_file(url))
+        data = st.read_file(url)
+        if "/segments/" in url:  # a node's merged file: one flush after another
+            return describe_merged_file(url, data)
+        return describe_changelog_file(url, data)
     if not url.endswith("_metadata"):
         candidate = url.rstrip("/") + "/_metadata"
         if st.exists(candidate):
@@ -56,6 +89,13 @@ def inspect_path(path: str) -> dict[str, Any]:
 
 
 def render(summary: dict[str, Any]) -> str:
+    if "flushes" in summary:
+        parts = [f"merged file {summary['path']}: {summary['size']} bytes, "
+                 f"{len(summary['flushes'])} flushes"]
+        for f in summary["flushes"]:
+            parts.append(f"-- flush at offset {f['offset']}")
+            parts.append(render({"path": f"{summary['path']}@{f['offset']}", **f}))
+        return "\n".join(parts)
     if "logs" not in summary:
         return json.dumps(summary, indent=2, sort_keys=True)
     lines = [

@@ -31,7 +31,7 @@ from .messages import PersistRequest
 from .metrics import NodeMetrics
 from .namespaces import Caller, JobNamespaces
 from .segment_files import FlushFiles
-from .storage import get_storage, join, normalize_url, storage_for
+from .storage import join, normalize_url, storage_for
 from .upload import Uploader
 
 log = logging.getLogger(__name__)
@@ -687,8 +687,7 @@ class ChangelogNode:
         ff = self._flush_files.get(job_id)
         if ff is None:
             ff = self._flush_files[job_id] = FlushFiles(
-                get_storage(self.base_path), join(self.base_path, job_id), self.node_key,
-                self._merging)
+                self._storage, join(self.base_path, job_id), self.node_key, self._merging)
         return ff
 
     async def _append(self, job_id: str, idx: list[int], requests: list[PersistRequest],
@@ -701,13 +700,18 @@ class ChangelogNode:
         with tracing.span("dstl.dfs.append",
                           tracing.carrier(spans[0]) if spans else None,
                           node=self.name, level=self.level, bytes=len(data), logs=len(idx)):
-            try:
-                rel, base = await asyncio.to_thread(ff.append, data,
-                                                    {requests[i].log_id for i in idx})
-            except StorageError:
-                self.counters.flush_failures += 1
-                self.metrics.error("dfs")
-                raise
+            logs = {requests[i].log_id for i in idx}
+            for attempt in range(1, self.config.max_attempts + 1):
+                try:  # a failed append closes its file; the next attempt takes a new one
+                    rel, base = await asyncio.to_thread(ff.append, data, logs)
+                    break
+                except DstlError as e:
+                    self.counters.flush_failures += 1
+                    self.metrics.error("dfs")
+                    if attempt == self.config.max_attempts:
+                        raise StorageError(f"cannot append to a merged file of {job_id} "
+                                           f"after {attempt} attempts: {e}") from e
+                    await asyncio.sleep(self.config.retry_delay_s)
         self.metrics.dfs_request(len(data), (time.monotonic() - t0) * 1000, len(idx))
         self.counters.files_flushed += 1
         self.counters.bytes_flushed += len(data)
@@ -772,6 +776,8 @@ class ChangelogNode:
         cfg = dataclasses.replace(self.config, fault_spec=spec)  # validates
         self._storage = storage_for(self.base_path, cfg)
         self._uploader.storage = self._storage  # later attempts (and their cleanup) use it
+        for ff in self._flush_files.values():
+            ff.storage = self._storage
 
     async def spans(self, clear: bool = False) -> list[dict[str, Any]]:
         """Spans finished in this actor (tracing ``memory`` mode)."""

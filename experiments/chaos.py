@@ -91,7 +91,8 @@ class Subtask:
             self.count.update(k, self.count.value(k, 0) + 1)
         return UPDATES
 
-    def snapshot(self, checkpoint_id: int) -> str:
+    def snapshot(self, checkpoint_id: int, watermark: int = -1) -> str:
+        self.b.notify_checkpoint_subsumed(watermark)  # with the barrier, as Spark's tasks
         return json.dumps(self.b.snapshot(checkpoint_id).result(timeout=60).to_dict())
 
     def dump(self) -> dict[int, int]:
@@ -240,7 +241,8 @@ class Harness:
 
         def checkpoint(cid: int, drop_acks: bool = False) -> bool:
             try:
-                snaps = ray.get([a.snapshot.remote(cid) for a in actors], timeout=120)
+                wm = coord.subsumed_watermark()
+                snaps = ray.get([a.snapshot.remote(cid, wm) for a in actors], timeout=120)
             except Exception as e:  # noqa: BLE001 - declined: writers keep their changes
                 log(f"    checkpoint {cid} declined: {type(e).__name__}: {str(e)[:120]}")
                 if "Timeout" in type(e).__name__ or "TimeoutError" in str(e)[:300]:
@@ -450,6 +452,8 @@ def main() -> None:
                    help="per storage (full) or per kind (quick); default 54 / 2")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--storage", default="file,s3")
+    p.add_argument("--file-merging", default="none",
+                   help="FLIP-306 mode for the file:// episodes (S3 keeps within at most)")
     args = p.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     bad = set(kinds) - set(KINDS)
@@ -483,8 +487,12 @@ def run(args: Any, kinds: list[str], faults: int) -> None:
         for storage in args.storage.split(","):
             s3 = LoopbackS3().start() if storage == "s3" else None
             try:
-                opts = dict(upload_timeout_s=0.5, retry_delay_s=0.05,
-                            membership_interval_s=1.0, persist_max_wait_s=0.1)
+                opts: dict[str, Any] = dict(upload_timeout_s=0.5, retry_delay_s=0.05,
+                                            membership_interval_s=1.0, persist_max_wait_s=0.1)
+                if args.file_merging != "none":  # across is refused on object stores
+                    opts["file_merging"] = ("within_checkpoint" if storage == "s3"
+                                            and args.file_merging == "across_checkpoints"
+                                            else args.file_merging)
                 env: dict[str, str] = {}
                 if s3 is not None:
                     base = s3.url("chaos")
