@@ -53,3 +53,20 @@ def test_dfs_faults_on_s3(chaos_run):
     _check(episode)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert data["changes_lost"] == 0 and data["peak_rss_mb"]["node_actors"] > 0
+
+
+def test_merged_files_under_faults(tmp_path):
+    """FLIP-306 across checkpoints (nodes append flushes, subtasks append materializations)
+    under node kills, writer kills, torn appends and coordinator restarts."""
+    kinds = "node_kill,writer_kill,dfs_torn,coordinator_restart"
+    proc = subprocess.run([sys.executable, "-m", "experiments.chaos", "--quick", "--seed", "3",
+                           "--storage", "file", "--kinds", kinds, "--file-merging",
+                           "across_checkpoints", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    result = tmp_path / "chaos.json"
+    assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(result.read_text())
+    assert {k for e in data["episodes"] for k in e["faults_by_kind"]} == set(kinds.split(","))
+    for episode in data["episodes"]:
+        _check(episode)
+    assert proc.returncode == 0, proc.stdout[-3000:]
