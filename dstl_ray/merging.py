@@ -116,11 +116,18 @@ class _Segment:
 
 
 @dataclass
-class PhysicalFile:
+class PooledFile:
     rel: str  # path relative to the job directory
     size: int = 0
     sealed: bool = False  # takes no more segments
     busy: bool = False  # a writer holds it (FLIP-306 4.6: one writer per open file)
+
+    def live_bytes(self, watermark: int) -> int:
+        raise NotImplementedError
+
+
+@dataclass
+class PhysicalFile(PooledFile):
     segments: dict[int, _Segment] = field(default_factory=dict)  # offset -> segment
 
     def live_bytes(self, watermark: int) -> int:
@@ -129,9 +136,13 @@ class PhysicalFile:
 
 
 @dataclass
-class MergingStats:
+class PoolStats:
     files_created: int = 0
     files_deleted: int = 0
+
+
+@dataclass
+class MergingStats(PoolStats):
     segments_written: int = 0
     bytes_written: int = 0
     compactions: int = 0
@@ -139,33 +150,31 @@ class MergingStats:
     adopted: int = 0
 
 
-class SubtaskFileManager:
-    """Physical files of one subtask (FLIP-306 "FileMergingSnapshotManager" for the shared
-    scope): hands out segments, counts their uses, deletes dead files. Thread-safe."""
+class FilePool:
+    """Physical files of one owner in its directory: at most ``max_file_pool_size`` taken
+    by writers at once, one writer each (FLIP-306 4.6), deleted once nothing in them is
+    live; an open file past ``max_space_amplification`` takes no more segments (4.7).
+    Subclasses say what a file holds and what is live. Thread-safe."""
 
-    def __init__(self, storage: Storage, job_path: str, operator_id: str,
-                 key_group_range: KeyGroupRange, options: FileMergingOptions) -> None:
-        options.check_storage(job_path)
-        self.options = options
-        self.storage = storage
-        self.job_path = job_path
-        self.dir = subtask_dir(operator_id, key_group_range)
-        self.stats = MergingStats()
+    suffix = ""
+
+    def __init__(self, storage: Storage, job_path: str, directory: str,
+                 options: FileMergingOptions, stats: PoolStats) -> None:
+        self.storage, self.job_path, self.dir, self.options = (storage, job_path, directory,
+                                                                options)
+        self.stats = stats
         self.watermark = -1
-        self._files: dict[str, PhysicalFile] = {}
+        self._files: dict[str, Any] = {}
         self._cond = threading.Condition()
-
-    @property
-    def dir_url(self) -> str:
-        return join(self.job_path, self.dir)
 
     def owns(self, rel: str) -> bool:
         return rel.startswith(self.dir + "/")
 
-    # ------------------------------------------------------------------ writing
+    def _new_file(self, rel: str) -> PooledFile:
+        raise NotImplementedError
 
-    def _take(self) -> PhysicalFile:
-        """An open file for one writer (a pool of at most ``max_file_pool_size``)."""
+    def _take(self) -> Any:
+        """An open file for one writer."""
         with self._cond:
             while True:
                 free = [f for f in self._files.values() if not f.sealed and not f.busy]
@@ -173,7 +182,7 @@ class SubtaskFileManager:
                     f = free[0]
                     break
                 if sum(f.busy for f in self._files.values()) < self.options.max_file_pool_size:
-                    f = PhysicalFile(f"{self.dir}/{uuid.uuid4().hex}{MAT_SUFFIX}")
+                    f = self._new_file(f"{self.dir}/{uuid.uuid4().hex}{self.suffix}")
                     self._files[f.rel] = f
                     self.stats.files_created += 1
                     break
@@ -181,13 +190,66 @@ class SubtaskFileManager:
             f.busy = True
             return f
 
-    def _give_back(self, f: PhysicalFile) -> None:
+    def _give_back(self, f: PooledFile, seal: bool) -> None:
         with self._cond:
             f.busy = False
-            if not self.options.across or f.size >= self.options.max_file_size:
-                f.sealed = True
+            f.sealed = f.sealed or seal or f.size >= self.options.max_file_size
             self._cond.notify_all()
         self._collect()
+
+    def subsumed(self, watermark: int) -> None:
+        """Every checkpoint up to ``watermark`` is subsumed or declined (never goes back)."""
+        with self._cond:
+            if watermark <= self.watermark:
+                return
+            self.watermark = watermark
+        self._collect()
+
+    def _collect(self) -> None:
+        wm = self.watermark
+        dead: list[PooledFile] = []
+        with self._cond:
+            for f in self._files.values():
+                if f.busy:
+                    continue
+                live = f.live_bytes(wm)
+                if live == 0:
+                    dead.append(f)
+                elif (not f.sealed and f.size > 0
+                      and f.size > self.options.max_space_amplification * live):
+                    f.sealed = True  # stop feeding a file that is mostly dead (4.7)
+            for f in dead:
+                del self._files[f.rel]
+        self._delete(dead)
+
+    def _delete(self, files: list[PooledFile]) -> None:
+        for f in files:
+            try:
+                self.storage.delete(join(self.job_path, f.rel))
+                self.stats.files_deleted += 1
+            except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup gets it
+                log.warning("cannot delete merged file %s: %s", f.rel, e)
+
+
+class SubtaskFileManager(FilePool):
+    """Physical files of one subtask (FLIP-306 "FileMergingSnapshotManager" for the shared
+    scope): hands out segments, counts their uses, deletes dead files. Thread-safe."""
+
+    suffix = MAT_SUFFIX
+
+    def __init__(self, storage: Storage, job_path: str, operator_id: str,
+                 key_group_range: KeyGroupRange, options: FileMergingOptions) -> None:
+        options.check_storage(job_path)
+        self.stats: MergingStats = MergingStats()
+        super().__init__(storage, job_path, subtask_dir(operator_id, key_group_range),
+                         options, self.stats)
+
+    def _new_file(self, rel: str) -> PhysicalFile:
+        return PhysicalFile(rel)
+
+    @property
+    def dir_url(self) -> str:
+        return join(self.job_path, self.dir)
 
     def write(self, data: bytes) -> tuple[str, int]:
         """Write one logical file as a segment; returns (physical path, offset) once it is
@@ -211,7 +273,7 @@ class SubtaskFileManager:
                 f.sealed = True
             raise
         finally:
-            self._give_back(f)
+            self._give_back(f, seal=not self.options.across)
 
     # ------------------------------------------------------------------ uses
 
@@ -264,34 +326,6 @@ class SubtaskFileManager:
 
     # ------------------------------------------------------------------ cleanup
 
-    def subsumed(self, watermark: int) -> None:
-        """Every checkpoint up to ``watermark`` is subsumed or declined (never goes back)."""
-        with self._cond:
-            self.watermark = max(self.watermark, watermark)
-        self._collect()
-
-    def _collect(self) -> None:
-        wm = self.watermark
-        dead: list[PhysicalFile] = []
-        with self._cond:
-            for f in self._files.values():
-                if f.busy:
-                    continue
-                live = f.live_bytes(wm)
-                if live == 0:
-                    dead.append(f)
-                elif (not f.sealed and f.size > 0
-                      and f.size > self.options.max_space_amplification * live):
-                    f.sealed = True  # stop feeding a file that is mostly dead (4.7)
-            for f in dead:
-                del self._files[f.rel]
-        for f in dead:
-            try:
-                self.storage.delete(join(self.job_path, f.rel))
-                self.stats.files_deleted += 1
-            except Exception as e:  # noqa: BLE001 - orphan cleanup after recovery gets it
-                log.warning("cannot delete merged file %s: %s", f.rel, e)
-
     def compaction_candidate(self) -> tuple[str, int, int] | None:
         """The current state's segment, if it sits in a closed file whose size exceeds
         ``max_space_amplification`` times its live bytes: (path, offset, length)."""
@@ -324,12 +358,7 @@ class SubtaskFileManager:
                 f.sealed = True
             for f in unused:
                 del self._files[f.rel]
-        for f in unused:
-            try:
-                self.storage.delete(join(self.job_path, f.rel))
-                self.stats.files_deleted += 1
-            except Exception as e:  # noqa: BLE001
-                log.warning("cannot delete merged file %s: %s", f.rel, e)
+        self._delete(unused)
 
     # ------------------------------------------------------------------ introspection
 

@@ -193,7 +193,7 @@ class ChangelogNode:
             "idle_sources_dropped": c.idle_sources_dropped,
             "registration_failures": c.registration_failures, "route": self._route,
             "namespace_refusals": self._namespaces.refused,
-            "merged_changelog": {j: ff.stats() for j, ff in self._flush_files.items()},
+            "merged_changelog": {j: ff.stats_dict() for j, ff in self._flush_files.items()},
             "namespace_takeovers": self._namespaces.taken_over,
             "route_left": self._route_left, "route_failures": c.route_failures,
             "index": self.index, "height": self.height,

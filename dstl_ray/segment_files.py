@@ -20,16 +20,11 @@ files: they stay until the job's next recovery deletes what no checkpoint names.
 
 from __future__ import annotations
 
-import logging
-import threading
-import uuid
 from dataclasses import dataclass, field
 
 from .format import FILE_SUFFIX
-from .merging import UNKNOWN_USE, FileMergingOptions
+from .merging import UNKNOWN_USE, FileMergingOptions, FilePool, PooledFile, PoolStats
 from .storage import Storage, join
-
-log = logging.getLogger(__name__)
 
 SEGMENTS_DIR = "segments"
 
@@ -46,53 +41,31 @@ class _Flush:
 
 
 @dataclass
-class _File:
-    rel: str
-    size: int = 0
-    sealed: bool = False
-    busy: bool = False
+class _File(PooledFile):
     flushes: dict[int, _Flush] = field(default_factory=dict)  # base offset -> flush
 
     def live_bytes(self, watermark: int) -> int:
         return sum(f.length for f in self.flushes.values() if f.live(watermark))
 
 
-class FlushFiles:
+class FlushFiles(FilePool):
     """Merged changelog files of one job on one node. Thread-safe."""
+
+    suffix = FILE_SUFFIX
 
     def __init__(self, storage: Storage, job_path: str, node_key: str,
                  options: FileMergingOptions) -> None:
-        self.storage, self.job_path, self.options = storage, job_path, options
-        self.dir = f"{SEGMENTS_DIR}/{node_key}"
-        self.watermark = -1
-        self.files_created = 0
-        self.files_deleted = 0
-        self._files: dict[str, _File] = {}
-        self._cond = threading.Condition()
+        super().__init__(storage, job_path, f"{SEGMENTS_DIR}/{node_key}", options,
+                         PoolStats())
 
-    def owns(self, rel: str) -> bool:
-        return rel.startswith(self.dir + "/")
-
-    def _take(self) -> _File:
-        with self._cond:
-            while True:
-                free = [f for f in self._files.values() if not f.sealed and not f.busy]
-                if free:
-                    f = free[0]
-                    break
-                if sum(f.busy for f in self._files.values()) < self.options.max_file_pool_size:
-                    f = _File(f"{self.dir}/{uuid.uuid4().hex}{FILE_SUFFIX}")
-                    self._files[f.rel] = f
-                    self.files_created += 1
-                    break
-                self._cond.wait()
-            f.busy = True
-            return f
+    def _new_file(self, rel: str) -> _File:
+        return _File(rel)
 
     def append(self, data: bytes, logs: set[str]) -> tuple[str, int]:
         """Append one flush (a whole changelog file's bytes); returns (path, base offset)
         once durable. Blocking: call it from a worker thread."""
         f = self._take()
+        failed = False
         try:
             offset = self.storage.append_file(  # type: ignore[attr-defined]
                 join(self.job_path, f.rel), data)
@@ -101,18 +74,12 @@ class FlushFiles:
                     f.flushes.clear()
                 f.size = offset + len(data)
                 f.flushes[offset] = _Flush(len(data), set(logs))
-                if f.size >= self.options.max_file_size:
-                    f.sealed = True
             return f.rel, offset
         except BaseException:
-            with self._cond:
-                f.sealed = True  # a torn tail is never named; the next flush takes a new file
+            failed = True  # a torn tail is never named; the next flush takes a new file
             raise
         finally:
-            with self._cond:
-                f.busy = False
-                self._cond.notify_all()
-            self._collect()
+            self._give_back(f, seal=failed)
 
     def release(self, rel: str, offset: int, log_id: str, used: bool,
                 last_checkpoint: int) -> None:
@@ -133,38 +100,10 @@ class FlushFiles:
                                   else UNKNOWN_USE)
         self._collect()
 
-    def subsumed(self, watermark: int) -> None:
+    def stats_dict(self) -> dict[str, int]:
         with self._cond:
-            if watermark <= self.watermark:
-                return
-            self.watermark = watermark
-        self._collect()
-
-    def _collect(self) -> None:
-        wm = self.watermark
-        dead: list[_File] = []
-        with self._cond:
-            for f in self._files.values():
-                if f.busy:
-                    continue
-                live = f.live_bytes(wm)
-                if live == 0 and f.flushes:
-                    dead.append(f)
-                elif not f.sealed and f.size > self.options.max_space_amplification * live:
-                    f.sealed = True  # mostly dead: stop appending (FLIP-306 4.7)
-            for f in dead:
-                del self._files[f.rel]
-        for f in dead:
-            try:
-                self.storage.delete(join(self.job_path, f.rel))
-                self.files_deleted += 1
-            except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup gets it
-                log.warning("cannot delete merged changelog file %s: %s", f.rel, e)
-
-    def stats(self) -> dict[str, int]:
-        with self._cond:
-            return {"files": len(self._files), "files_created": self.files_created,
-                    "files_deleted": self.files_deleted,
+            return {"files": len(self._files), "files_created": self.stats.files_created,
+                    "files_deleted": self.stats.files_deleted,
                     "bytes": sum(f.size for f in self._files.values()),
                     "live_bytes": sum(f.live_bytes(self.watermark)
                                       for f in self._files.values())}

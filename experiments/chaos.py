@@ -465,18 +465,14 @@ def main() -> None:
 
 def run(args: Any, kinds: list[str], faults: int) -> None:
     import ray
-    from ray.cluster_utils import Cluster
 
     from dstl_ray import ChangelogConfig
+    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.s3server import LoopbackS3
 
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-"))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    for _ in range(2):
-        cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace="chaos", log_to_driver=False)
+    cluster = start_local_cluster(3, 2, "chaos")
     episodes: list[dict[str, Any]] = []
     t0 = time.time()
 

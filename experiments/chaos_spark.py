@@ -66,9 +66,9 @@ def main() -> None:
 
     import ray
     from pyspark import cloudpickle
-    from ray.cluster_utils import Cluster
 
     from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.storage import get_storage
     from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
     from spark_glue.pipeline import SCHEMA, diff, recompute, write_event_file
@@ -80,11 +80,7 @@ def main() -> None:
     FLAG["dir"] = str(work / "flags")
     os.makedirs(FLAG["dir"])
     src, chk, base = work / "input", work / "spark-chk", work / "dstl"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    cluster = start_local_cluster(3, 1, NS)
     faults: dict[str, int] = dict.fromkeys(KINDS, 0)
     events: list[dict[str, Any]] = []
     lost = verified = leaked = 0

@@ -57,3 +57,20 @@ def plt():
     import matplotlib.pyplot as pyplot
 
     return pyplot
+
+
+def count_at_rate(state: Any, keys: list[Any], rng: Any, rate: float, stop: Any,
+                  mailbox: Any, batch: int = 100) -> None:
+    """Increment random ``keys`` of ValueState ``state`` at ``rate`` updates/s until ``stop``
+    is set, ``batch`` at a time under ``mailbox`` (like a Flink task's mailbox: the
+    checkpoint barrier takes turns with the records)."""
+    t0, n = time.perf_counter(), 0
+    while not stop.is_set():
+        with mailbox:
+            for _ in range(batch):
+                k = rng.choice(keys)
+                state.update(k, state.value(k, 0) + 1)
+        n += batch
+        ahead = n / rate - (time.perf_counter() - t0)
+        if ahead > 0:
+            time.sleep(ahead)

@@ -77,13 +77,10 @@ def main() -> None:
     nodes = args.nodes or (4 if args.quick else 6)
     cps = 10 if args.quick else 40
     import ray
-    from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
+    from dstl_ray.deploy import start_local_cluster
+
+    cluster = start_local_cluster(nodes, 1)
     from topology.placement import alive_nodes, node_order
 
     node_ids = node_order(alive_nodes())

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import machine, parser, plt, write_results
+from .common import count_at_rate, machine, parser, plt, write_results
 
 NS = "file-merging"
 JOB = "merging"
@@ -59,17 +59,8 @@ class Subtask:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        count = self.b.value_state("count")
-        t0, n = time.perf_counter(), 0
-        while not self.stop.is_set():
-            with self.mailbox:
-                for _ in range(50):
-                    k = self.rng.choice(self.keys)
-                    count.update(k, count.value(k, 0) + 1)
-            n += 50
-            ahead = n / self.rate - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
+        count_at_rate(self.b.value_state("count"), self.keys, self.rng, self.rate, self.stop,
+                      self.mailbox, batch=50)
 
     def snapshot(self, checkpoint_id: int, watermark: int) -> str:
         with self.mailbox:
@@ -118,18 +109,14 @@ def _kind(name: str) -> str:
 def run_mode(label: str, mode: str, flush_bytes: int | None, checkpoints: int,
              interval: float, work: Path) -> dict[str, Any]:
     import ray
-    from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
+    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.snapshot import KeyedStateSnapshot
 
     base = work / mode / ("pernode" if flush_bytes == 0 else "tree")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    for _ in range(3):
-        cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    cluster = start_local_cluster(4, 2, NS)
     try:
         opts: dict[str, Any] = {"namespace": NS, "file_merging": mode}
         if flush_bytes is not None:

@@ -110,16 +110,12 @@ def run_requests(s3: LoopbackS3, n: int, scale: float, concurrency: int, size: i
 def run_checkpoints(s3: LoopbackS3, nodes: int, checkpoints: int, scale: float,
                     writers_per_node: int, value_bytes: int) -> list[dict[str, Any]]:
     import ray
-    from ray.cluster_utils import Cluster
 
     import dstl_ray
     from dstl_ray import KeyGroupRange, StateChangelogClient
+    from dstl_ray.deploy import start_local_cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace="hedging-exp", log_to_driver=False)
+    cluster = start_local_cluster(nodes, 1, "hedging-exp")
     for k, v in s3.env().items():  # this process reads nothing back, but stays consistent
         os.environ[k] = v
     out = []

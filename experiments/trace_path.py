@@ -20,19 +20,15 @@ from .common import parser, write_results
 def main() -> None:
     args = parser(__doc__).parse_args()
     import ray
-    from ray.cluster_utils import Cluster
 
     from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.trace_view import draw, load_spans
     from experiments.workload import place_writers
 
     spans_dir = tempfile.mkdtemp(prefix="dstl-spans-")
     base = tempfile.mkdtemp(prefix="dstl-trace-")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(4):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
+    cluster = start_local_cluster(5, 1)
     try:
         cfg = ChangelogConfig(namespace="trace", branching_factor=2, routing_horizon=2,
                               tracing=f"file:{spans_dir}")

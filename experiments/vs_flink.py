@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import machine, parser, plt, summary, write_results
+from .common import count_at_rate, machine, parser, plt, summary, write_results
 
 HERE = Path(__file__).resolve().parent
 NS = "vs-flink"
@@ -65,17 +65,8 @@ class Counter:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        count = self.b.value_state("count")
-        t0, n = time.perf_counter(), 0
-        while not self.stop.is_set():
-            with self.mailbox:
-                for _ in range(100):
-                    k = self.rng.choice(self.keys)
-                    count.update(k, count.value(k, 0) + 1)
-            n += 100
-            ahead = n / self.rate - (time.perf_counter() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
+        count_at_rate(self.b.value_state("count"), self.keys, self.rng, self.rate, self.stop,
+                      self.mailbox, batch=100)
 
     def snapshot(self, checkpoint_id: int = -1) -> dict[str, Any]:
         """The checkpoint barrier: take the snapshot between two generator chunks, wait until
@@ -94,20 +85,16 @@ class Counter:
 
 def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[str, Any]:
     import ray
-    from ray.cluster_utils import Cluster
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
+    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.snapshot import KeyedStateSnapshot
 
     from .vs_spark_state_store import FileWatcher
 
     base = work / f"dstl-{nodes}"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    cluster = start_local_cluster(nodes, 2, NS)
     try:
         tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS), detached=False)
         node_ids = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])

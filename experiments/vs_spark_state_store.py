@@ -202,8 +202,8 @@ def main() -> None:
 
     import ray
     from pyspark import cloudpickle
-    from ray.cluster_utils import Cluster
 
+    from dstl_ray.deploy import start_local_cluster
     from spark_glue import start_spark, stop_spark
     from spark_glue.pipeline import write_event_file
 
@@ -219,11 +219,7 @@ def main() -> None:
             write_event_file(src, n, events, args.users, seed=11)
         return add_file
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    cluster = start_local_cluster(3, 1, NS)
     try:
         spark = start_spark("vs-spark", num_executors=3, executor_cores=1,
                             executor_memory="768M")

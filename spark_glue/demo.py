@@ -60,9 +60,9 @@ def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> No
 
 def run_pipeline_demo(args: argparse.Namespace) -> int:
     import ray
-    from ray.cluster_utils import Cluster
 
     from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.deploy import start_local_cluster
 
     from .operator import KeyedStatefulOperator
     from .session import kill_executor, start_spark, stop_spark
@@ -72,11 +72,7 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
     src, out_dir = base / "input", base / "output"
     out_dir.mkdir(parents=True)
     print(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}", flush=True)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=NS, log_to_driver=False)
+    cluster = start_local_cluster(3, 1, NS)
     spark = None
     stop = threading.Event()
     try:

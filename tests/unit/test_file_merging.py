@@ -37,6 +37,21 @@ def _checkpoint(coord, bs):
     return cc
 
 
+def _rounds(oracle, coord, bs, rounds):
+    for r in rounds:
+        _fill(oracle, bs, r)
+        _checkpoint(coord, bs)
+
+
+def _running(tmp_path, parallelism, rounds):
+    """A job merging across checkpoints after ``rounds`` of updates and checkpoints."""
+    base = f"file://{tmp_path}/dfs"
+    coord, bs = _job(base, parallelism, mode="across_checkpoints")
+    oracle = Oracle()
+    _rounds(oracle, coord, bs, range(rounds))
+    return base, coord, bs, oracle
+
+
 def _shared_on_disk(tmp_path) -> set[str]:
     root = tmp_path / "dfs" / "job" / "shared"
     return {"file://" + os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs}
@@ -111,12 +126,7 @@ def test_restore_from_merged_files_equals_the_oracle_and_nothing_leaks(tmp_path,
 
 
 def test_rescale_writes_copies_and_the_old_directories_go(tmp_path):
-    base = f"file://{tmp_path}/dfs"
-    coord, bs = _job(base, 2, mode="across_checkpoints")
-    oracle = Oracle()
-    for r in range(4):
-        _fill(oracle, bs, r)
-        _checkpoint(coord, bs)
+    base, coord, bs, oracle = _running(tmp_path, 2, 4)
     old_dirs = {b.owned_dir for b in bs}
     coord.shutdown()
     # restart at parallelism 3: state comes from the old subtasks' files
@@ -126,9 +136,7 @@ def test_rescale_writes_copies_and_the_old_directories_go(tmp_path):
     for b in bs:  # each new subtask wrote its own copy at once (FLIP-306 4.2)
         b.wait_materialization(30)
         assert b.file_merging_stats()["segments_written"] == 1
-    for r in range(4, 7):
-        _fill(oracle, bs, r)
-        _checkpoint(coord, bs)
+    _rounds(oracle, coord, bs, range(4, 7))
     _settle(coord, bs)
     assert _restored_state(base, 3, coord.latest_checkpoint()) == oracle.copy()
     on_disk = _no_leftovers(tmp_path, coord, bs)
@@ -137,12 +145,7 @@ def test_rescale_writes_copies_and_the_old_directories_go(tmp_path):
 
 
 def test_failover_takes_the_directory_over(tmp_path):
-    base = f"file://{tmp_path}/dfs"
-    coord, bs = _job(base, 2, mode="across_checkpoints")
-    oracle = Oracle()
-    for r in range(5):
-        _fill(oracle, bs, r)
-        _checkpoint(coord, bs)
+    base, coord, bs, oracle = _running(tmp_path, 2, 5)
     dirs = sorted(b.owned_dir for b in bs)
     before = _shared_on_disk(tmp_path)
     for b in bs:  # the subtasks die (no close: nothing is cleaned up by them)
@@ -151,9 +154,7 @@ def test_failover_takes_the_directory_over(tmp_path):
     assert sorted(b.owned_dir for b in bs2) == dirs
     assert dump_all(bs2) == oracle.copy()
     assert sum(b.file_merging_stats()["adopted"] for b in bs2) >= 1
-    for r in range(5, 9):
-        _fill(oracle, bs2, r)
-        _checkpoint(coord2, bs2)
+    _rounds(oracle, coord2, bs2, range(5, 9))
     _settle(coord2, bs2)
     on_disk = _no_leftovers(tmp_path, coord2, bs2)
     assert not before & on_disk, "files taken over were freed once subsumed"
@@ -194,9 +195,7 @@ def test_space_amplification_compacts_the_state_of_a_quiet_subtask(tmp_path):
     coord, bs = _job(base, 1, mode="across_checkpoints", max_space_amplification=1.5,
                      retained=1)
     oracle = Oracle()
-    for r in range(2):
-        _fill(oracle, bs, r)
-        _checkpoint(coord, bs)
+    _rounds(oracle, coord, bs, range(2))
     # nothing changes any more: the old segment dies, the open file holds dead bytes next
     # to the current state, which is copied into a fresh file
     for _ in range(4):
