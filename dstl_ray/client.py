@@ -73,7 +73,8 @@ class RayNodeTransport:
     """Writers of one client talk to the nearest ``ChangelogNode`` actor. If that actor dies
     (Ray restarts it), the transport finds it again and re-registers its writers."""
 
-    def __init__(self, job_id: str, namespace: str, node_name: str | None = None) -> None:
+    def __init__(self, job_id: str, namespace: str, node_name: str | None = None,
+                 caller_namespace: str | None = None) -> None:
         self.job_id = job_id
         self.namespace = namespace
         self._pinned = node_name
@@ -88,7 +89,8 @@ class RayNodeTransport:
         self.node_name = ""
         self.chosen_by = ""
         self._handle: Any = None
-        self._caller = current_caller()  # node actors admit a job from its own namespace
+        # node actors admit a job only from its own namespace (dstl_ray.namespaces)
+        self._caller = current_caller(caller_namespace)
         self._connect()
         info = self._call(self._handle.info.remote())
         self.base_path: str = info["base_path"]
@@ -297,12 +299,13 @@ class StateChangelogClient:
 
     def __init__(self, job_id: str, *, namespace: str | None = None,
                  address: str | None = None, node: str | None = None,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None,
+                 caller_namespace: str | None = None) -> None:
         self.job_id = check_job_id(job_id)
         if transport is None:
             ns = namespace or ChangelogConfig.from_env().namespace
             ensure_ray(ns, address)
-            transport = RayNodeTransport(job_id, ns, node)
+            transport = RayNodeTransport(job_id, ns, node, caller_namespace)
         self.transport = transport
         self._writers: list[StateChangelogWriter] = []
 

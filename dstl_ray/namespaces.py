@@ -37,12 +37,14 @@ class Caller:
     ray_job: str = ""
 
 
-def current_caller() -> Caller:
-    """This process's namespace and Ray job id (Ray must be initialized)."""
+def current_caller(namespace: str | None = None) -> Caller:
+    """This process's namespace (or ``namespace``: a process working for a job whose driver
+    runs elsewhere, e.g. a Spark Python worker, speaks for the driver's namespace) and its
+    Ray job id. Ray must be initialized."""
     import ray
 
     ctx = ray.get_runtime_context()
-    return Caller(ctx.namespace, ctx.get_job_id() or "")
+    return Caller(namespace or ctx.namespace, ctx.get_job_id() or "")
 
 
 def dead_ray_jobs(job_ids: Iterable[str]) -> bool:

@@ -105,6 +105,9 @@ class KeyedStatefulOperator:
         self.sticky = sticky  # keep each subtask on its executor (spark_glue.placement)
         self._placement: dict[int, str] = {}
         self._client = StateChangelogClient(job_id, namespace=self.namespace)
+        import ray
+
+        self.caller_namespace: str = ray.get_runtime_context().namespace
         self.base_path = self._client.transport.base_path
         self.gcs_address = gcs_address()
         self.coordinator = CheckpointCoordinator(job_id, self.base_path,
@@ -146,7 +149,8 @@ class KeyedStatefulOperator:
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
                         latest.metadata_url if latest else None,
-                        subsumed_watermark=cc.subsumed_watermark())
+                        subsumed_watermark=cc.subsumed_watermark(),
+                        caller_namespace=self.caller_namespace)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

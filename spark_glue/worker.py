@@ -49,6 +49,10 @@ class TaskSpec:
     # FLIP-306 4.4: the coordinator's subsumed watermark, so merged files are freed on the
     # executors (each batch carries it: a lost one is made good by the next)
     subsumed_watermark: int = -1
+    # the driver's Ray namespace: workers speak for the job of that driver (node actors
+    # admit a job only from its own namespace); a worker's own namespace is whatever it
+    # first connected with
+    caller_namespace: str = ""
 
 
 class ValueView:
@@ -152,12 +156,13 @@ def _client(spec: TaskSpec) -> Any:
     from .nearest import connect
 
     connect(spec.gcs_address, spec.namespace)
-    key = (spec.namespace, spec.job_id)
+    key = (spec.namespace, spec.job_id, spec.caller_namespace)
     with _CACHE.lock:
         c = _CACHE.clients.get(key)
         if c is None:
-            c = _CACHE.clients[key] = StateChangelogClient(spec.job_id,
-                                                           namespace=spec.namespace)
+            c = _CACHE.clients[key] = StateChangelogClient(
+                spec.job_id, namespace=spec.namespace,
+                caller_namespace=spec.caller_namespace or None)
         return c
 
 
