@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import count_at_rate, machine, parser, plt, write_results
+from .common import count_at_rate, parser, plt, write_results
 
 NS = "file-merging"
 JOB = "merging"
@@ -216,12 +216,11 @@ def main() -> None:
                  f"{int(args.interval * 1000)} ms, materialization every 1 s")
     fig.tight_layout()
     out = write_results("file_merging", {
-        "experiment": "file_merging", "machine": machine(),
         "workload": {"parallelism": 8, "nodes": 4, "updates_per_second": 20000,
                      "keys": KEYS, "checkpoints": n, "interval_s": args.interval,
                      "materialization_interval_s": 1.0, "retained": 2},
         "rows": rows, "command": "python -m experiments.file_merging"
-        + (" --quick" if args.quick else "")}, fig)
+        + (" --quick" if args.quick else "")}, fig, args.out)
     print(out)
 
 
