@@ -156,7 +156,8 @@ class ChangelogNode:
         self._route_left = 0
         self._order: list[str] | None = None  # root only: the tree's node order
         self._watcher: asyncio.Task | None = None
-        self._files: dict[str, tuple[set[str], list[bool]]] = {}  # path -> (logs, [kept])
+        # path -> ({(log id, section offset)} not yet released, [kept])
+        self._files: dict[str, tuple[set[tuple[str, int]], list[bool]]] = {}
         # FLIP-306 across checkpoints: each job's flushes appended to this node's open file
         self._merging = FileMergingOptions.from_config(config)
         if self._merging.across:
@@ -673,7 +674,10 @@ class ChangelogNode:
             self.metrics.dfs_request(len(data), (time.monotonic() - t0) * 1000, len(idx))
             self.counters.files_flushed += 1
             self.counters.bytes_flushed += len(data)
-            self._files[path] = ({requests[i].log_id for i in idx}, [False])
+            # one entry per section: a log may have two requests in one batch (a
+            # pre-emptive upload and the checkpoint's); each is released on its own
+            self._files[path] = ({(requests[i].log_id, off)
+                                  for i, off in zip(idx, offsets, strict=True)}, [False])
             for i, off in zip(idx, offsets, strict=True):
                 s = requests[i].section
                 out[i] = Segment(rel, off, len(s.data), s.sqn_min, s.sqn_max, self.name)
@@ -700,10 +704,10 @@ class ChangelogNode:
         with tracing.span("dstl.dfs.append",
                           tracing.carrier(spans[0]) if spans else None,
                           node=self.name, level=self.level, bytes=len(data), logs=len(idx)):
-            logs = {requests[i].log_id for i in idx}
+            parts = [(requests[i].log_id, off) for i, off in zip(idx, offsets, strict=True)]
             for attempt in range(1, self.config.max_attempts + 1):
                 try:  # a failed append closes its file; the next attempt takes a new one
-                    rel, base = await asyncio.to_thread(ff.append, data, logs)
+                    rel, base = await asyncio.to_thread(ff.append, data, parts)
                     break
                 except DstlError as e:
                     self.counters.flush_failures += 1
@@ -739,7 +743,7 @@ class ChangelogNode:
         if entry is None:
             return False
         logs, kept = entry
-        logs.discard(log_id)
+        logs.discard((log_id, offset))
         kept[0] = kept[0] or used
         if logs:
             return False

@@ -8,8 +8,9 @@ so readers need nothing new.
 
 Ownership (FLIP-306 4.3-4.4, 4.8): these files belong to the node that writes them; the
 coordinator's registry claims the ``segments`` directory and never deletes them. The node
-counts, per flush, the logs that have not released it yet (a writer releases an upload when
-it truncates after a materialization, or closes), whether any of them gave it out in a handle,
+counts, per flush, the sections (log id, offset) not released yet (a writer releases an upload
+when it truncates after a materialization, or closes; one log may have two sections in one
+flush), whether any of them was given out in a handle,
 and the newest checkpoint that may name it (the writer's newest persisted checkpoint id when
 it released). Persist requests carry the job's subsumed watermark (the coordinator's, via the
 backend and its writer), so a lost notification is made good by the next request. A flush is
@@ -32,12 +33,12 @@ SEGMENTS_DIR = "segments"
 @dataclass
 class _Flush:
     length: int
-    logs: set[str]
+    sections: set[tuple[str, int]]  # (log id, offset in the file) not released yet
     used: bool = False
     last_use: int = -1  # newest checkpoint id that may name it
 
     def live(self, watermark: int) -> bool:
-        return bool(self.logs) or (self.used and self.last_use > watermark)
+        return bool(self.sections) or (self.used and self.last_use > watermark)
 
 
 @dataclass
@@ -61,9 +62,11 @@ class FlushFiles(FilePool):
     def _new_file(self, rel: str) -> _File:
         return _File(rel)
 
-    def append(self, data: bytes, logs: set[str]) -> tuple[str, int]:
-        """Append one flush (a whole changelog file's bytes); returns (path, base offset)
-        once durable. Blocking: call it from a worker thread."""
+    def append(self, data: bytes, sections: list[tuple[str, int]]) -> tuple[str, int]:
+        """Append one flush (a whole changelog file's bytes, holding ``sections``: (log id,
+        offset within ``data``), each released on its own since a log may have two in one
+        flush); returns (path, base offset) once durable. Blocking: call it from a worker
+        thread."""
         f = self._take()
         failed = False
         try:
@@ -73,7 +76,8 @@ class FlushFiles(FilePool):
                 if offset < f.size:  # deleted under us (recovery's orphan cleanup) and new
                     f.flushes.clear()
                 f.size = offset + len(data)
-                f.flushes[offset] = _Flush(len(data), set(logs))
+                f.flushes[offset] = _Flush(len(data), {(log, offset + off)
+                                                       for log, off in sections})
             return f.rel, offset
         except BaseException:
             failed = True  # a torn tail is never named; the next flush takes a new file
@@ -84,7 +88,8 @@ class FlushFiles(FilePool):
     def release(self, rel: str, offset: int, log_id: str, used: bool,
                 last_checkpoint: int) -> None:
         """``log_id`` no longer needs its section at ``offset`` of ``rel``; ``used``: it gave
-        it out in a handle, of a checkpoint no newer than ``last_checkpoint`` (-1: unknown)."""
+        it out in a handle, of a checkpoint no newer than ``last_checkpoint`` (-1: unknown).
+        The flush stays while any other section in it is not released."""
         with self._cond:
             f = self._files.get(rel)
             if f is None:
@@ -93,7 +98,7 @@ class FlushFiles(FilePool):
                        if base <= offset < base + x.length), None)
             if fl is None:
                 return
-            fl.logs.discard(log_id)
+            fl.sections.discard((log_id, offset))
             if used:
                 fl.used = True
                 fl.last_use = max(fl.last_use, last_checkpoint if last_checkpoint >= 0
