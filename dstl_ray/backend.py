@@ -35,7 +35,7 @@ from .errors import (
 )
 from .keygroups import KeyGroupRange, assign_key_group
 from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file
-from .merging import FileMergingOptions, SubtaskFileManager
+from .merging import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from .registry import SharedStateRegistry
 from .snapshot import (
     ChangelogComponent,
@@ -237,6 +237,11 @@ class ChangelogKeyedStateBackend:
         self.materialization_failures = 0
         foreign = self._restore(restore)
         self._writer = client.create_writer(operator_id, key_group_range)
+        # restored changelog in nodes' merged files: our snapshots name it until our first
+        # materialization, so its nodes must keep it for us too (FLIP-306 take-over)
+        self._restored_named = -1  # newest checkpoint whose snapshot named it
+        self._writer.adopt([seg for c in self._base if isinstance(c, ChangelogComponent)
+                            for seg in c.handle.segments])
         if foreign:
             # FLIP-306 4.2: after a rescale our state sits in other subtasks' files; write
             # our own copy at once (the old directories then go by reference count)
@@ -378,6 +383,9 @@ class ChangelogKeyedStateBackend:
                 for c in base:
                     if isinstance(c, MaterializedHandle) and self._merging.owns(c.path):
                         self._merging.used(c.path, c.offset, checkpoint_id)
+            if any(isinstance(c, ChangelogComponent) for c in base):
+                self._restored_named = max(self._restored_named, checkpoint_id
+                                           if checkpoint_id >= 0 else UNKNOWN_USE)
             pf = self._writer.persist_durably(after=after, checkpoint_id=checkpoint_id)
         owned = self.owned_dir
         out: concurrent.futures.Future[KeyedStateSnapshot] = concurrent.futures.Future()
@@ -489,6 +497,12 @@ class ChangelogKeyedStateBackend:
                                   len(data), sqn, offset)
 
     def _materialized(self, f: concurrent.futures.Future, sqn: int) -> None:
+        self._materialized_locked(f, sqn)
+        # the restored changelog is no longer named by our snapshots (outside the lock: it
+        # calls the nodes)
+        self._writer.release_adopted(self._restored_named)
+
+    def _materialized_locked(self, f: concurrent.futures.Future, sqn: int) -> None:
         err = f.exception()
         with self._lock:
             if err is not None:
@@ -637,6 +651,7 @@ class ChangelogKeyedStateBackend:
         with self._lock:
             self._closed = True
         try:
+            self._writer.release_adopted(self._restored_named)
             self._writer.wait_uploads(timeout=60)
             self._writer.close()
         except DstlError as e:

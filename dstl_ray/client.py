@@ -223,6 +223,23 @@ class RayNodeTransport:
         except Exception as e:  # noqa: BLE001 - only batching suffers
             log.debug("mark of %s failed: %s", log_id, e)
 
+    def retain(self, segment: Segment, log_id: str) -> None:
+        """``log_id`` names ``segment`` (restored) too; synchronous, before any request of
+        this process can carry a watermark that would free it."""
+        import ray
+
+        try:
+            node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
+            ray.get(node.retain.remote(self.job_id, segment.path, segment.offset, log_id,
+                                       self._caller), timeout=30)
+        except (ValueError, ray.exceptions.RayActorError):
+            pass  # that node actor is gone or restarted: it forgot its files, never deletes
+        except NamespaceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - unsure whether it holds the file for us
+            raise NodeUnavailableError(f"cannot tell node {segment.flushed_by} that log "
+                                       f"{log_id} names {segment.path}: {e}") from e
+
     def release(self, segment: Segment, log_id: str, used: bool,
                 last_checkpoint: int = -1) -> None:
         import ray

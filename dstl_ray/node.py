@@ -725,6 +725,18 @@ class ChangelogNode:
             s = requests[i].section
             out[i] = Segment(rel, base + off, len(s.data), s.sqn_min, s.sqn_max, self.name)
 
+    async def retain(self, job_id: str, rel_path: str, offset: int, log_id: str,
+                     caller: Caller | None = None) -> bool:
+        """A restored writer's backend names an older section of a merged file (see
+        :meth:`FlushFiles.retain`); it releases it like its own uploads."""
+        check_relative_path(job_id)
+        self._namespaces.admit(job_id, caller)
+        ff = self._flush_files.get(job_id)
+        rel = check_relative_path(rel_path)
+        if ff is None or not ff.owns(rel):
+            return False
+        return await asyncio.to_thread(ff.retain, rel, offset, log_id)
+
     async def release(self, job_id: str, rel_path: str, log_id: str, used: bool,
                       caller: Caller | None = None, offset: int = 0,
                       last_checkpoint: int = -1) -> bool:

@@ -105,6 +105,19 @@ class FlushFiles(FilePool):
                                   else UNKNOWN_USE)
         self._collect()
 
+    def retain(self, rel: str, offset: int, log_id: str) -> bool:
+        """A restored backend's log now names the section at ``offset`` of ``rel`` too (its
+        snapshots carry the restored changelog until its first materialization): the flush
+        stays until that log releases it as well (FLIP-306 4.8 "take over after failover")."""
+        with self._cond:
+            f = self._files.get(rel)
+            fl = None if f is None else next(
+                (x for base, x in f.flushes.items() if base <= offset < base + x.length), None)
+            if fl is None:
+                return False  # not ours any more (a restarted node never deletes it)
+            fl.sections.add((log_id, offset))
+            return True
+
     def stats_dict(self) -> dict[str, int]:
         with self._cond:
             return {"files": len(self._files), "files_created": self.stats.files_created,

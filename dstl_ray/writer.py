@@ -17,6 +17,7 @@ import concurrent.futures
 import logging
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import tracing
@@ -33,6 +34,7 @@ from .handle import Segment, StateChangelogHandle
 from .keygroups import KeyGroupRange
 from .merging import UNKNOWN_USE as UNKNOWN_CHECKPOINT
 from .messages import PersistRequest, Transport
+from .segment_files import SEGMENTS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class StateChangelogWriter:
         self._sqn = 0  # sqn of the last closed changeset
         self._truncated = 0  # changesets with sqn <= this were dropped
         self._subsumed = -1  # the job's subsumed watermark, sent with every request
+        self._adopted: list[Segment] = []  # restored segments its backend still names
         self._changesets: dict[int, Changeset] = {}
         self._sizes: dict[int, int] = {}
         self._uploads: dict[int, _Upload] = {}  # sqn -> upload holding that changeset
@@ -283,6 +286,27 @@ class StateChangelogWriter:
             up.future.add_done_callback(one_done)
 
     # ------------------------------------------------------------------ truncate / close
+
+    def adopt(self, segments: Sequence[Segment]) -> None:
+        """Segments of merged changelog files (a node's ``segments/``) that this log's
+        backend restored and will name in its snapshots: their nodes keep them until
+        :meth:`release_adopted` (FLIP-306 take-over after failover)."""
+        retain = getattr(self._transport, "retain", None)
+        for seg in segments:
+            if retain is not None and seg.path.startswith(SEGMENTS_DIR + "/"):
+                retain(seg, self.log_id)
+                self._adopted.append(seg)
+
+    def release_adopted(self, last_checkpoint: int) -> None:
+        """The backend no longer names its restored segments; the newest checkpoint that
+        did is ``last_checkpoint`` (-1: none)."""
+        adopted, self._adopted = self._adopted, []
+        for seg in adopted:
+            try:
+                self._transport.release(seg, self.log_id, last_checkpoint >= 0,
+                                        last_checkpoint)
+            except DstlError as e:
+                log.warning("cannot release restored segment %s: %s", seg, e)
 
     def subsumed(self, watermark: int) -> None:
         """Every checkpoint of the job up to ``watermark`` is subsumed or declined; the

@@ -92,3 +92,56 @@ def test_flushes_are_appended_across_checkpoints_and_freed(tree_factory, namespa
 def test_across_checkpoints_is_refused_on_object_stores():
     with pytest.raises(d.ConfigError, match="across_checkpoints needs a file system"):
         d.deploy("s3://bucket/ckpt", d.ChangelogConfig(file_merging="across_checkpoints"))
+
+
+def test_restored_backends_keep_the_flushes_they_restored(tree_factory, namespace, tmp_path):
+    """After a failover the new backends' snapshots name the restored changelog (until their
+    first materialization), in files the old writers had released: the node must keep them
+    for the new logs, however far the watermark moves."""
+    base = f"file://{tmp_path}/dfs"
+    # one flush per file: a file goes as soon as its flush is dead
+    tree_factory(base=base, file_merging="across_checkpoints", file_merging_max_file_size=1)
+    client = d.StateChangelogClient(JOB, namespace=namespace)
+    coord = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP, retained=2)
+    old = coord.restore(client, "op", 2, materialization_interval=None)
+    state: dict[str, int] = {}
+
+    def update(bs, r):
+        for i in range(40):
+            k = f"k{(r * 3 + i) % 50}"
+            state[k] = state.get(k, 0) + 1
+            _owner(bs, k).value_state("n").update(k, state[k])
+
+    update(old, 0)
+    first = coord.trigger_checkpoint().result(timeout=60)  # names the old writers' flush
+    state_at_first = dict(state)
+    update(old, 1)
+    for b in old:  # the old writers truncate and release that flush, then die
+        b.materialize(force=True).result(timeout=30)
+        b._stop.set()
+        coord.unregister_backend(b)
+    state.clear()  # what the new backends restore
+    state.update(state_at_first)
+    new = restore_backends(d.StateChangelogClient(JOB, namespace=namespace), first, "op", 2,
+                           MAXP, materialization_interval=None)
+    for b in new:
+        coord.register_backend(b)
+    for r in range(2, 7):  # the watermark passes the first checkpoint; no materialization
+        update(new, r)
+        coord.trigger_checkpoint().result(timeout=60)
+        for c in coord.completed_checkpoints():
+            gone = [u for u in c.files.values() if not os.path.exists(u[len("file://"):])]
+            assert not gone, (c.checkpoint_id, gone)
+    assert coord.subsumed_watermark() > first.checkpoint_id
+    reader = restore_backends(d.StateChangelogClient(JOB + "-r", namespace=namespace),
+                              coord.latest_checkpoint(), "op", 2, MAXP,
+                              materialization_interval=None)
+    try:
+        got = {}
+        for b in reader:
+            got.update(b.dump().get("n", {}))
+        assert got == state
+    finally:
+        for b in reader:
+            b.close()
+    coord.shutdown()
