@@ -10,13 +10,15 @@ Ownership (FLIP-306 4.3-4.4, 4.8): these files belong to the node that writes th
 coordinator's registry claims the ``segments`` directory and never deletes them. The node
 counts, per flush, the sections (log id, offset) not released yet (a writer releases an upload
 when it truncates after a materialization, or closes; one log may have two sections in one
-flush), whether any of them was given out in a handle,
-and the newest checkpoint that may name it (the writer's newest persisted checkpoint id when
-it released). Persist requests carry the job's subsumed watermark (the coordinator's, via the
-backend and its writer), so a lost notification is made good by the next request. A flush is
-dead when every log released it and it was unused or the watermark passed its last use; a
-physical file is deleted when all its flushes are dead. A node restarted by Ray forgets its
-files: they stay until the job's next recovery deletes what no checkpoint names.
+flush), whether any of them was given out in a handle, and the newest checkpoint that may name
+it (the writer's newest persisted checkpoint id when it released). Persist requests carry the
+job's subsumed watermark (the coordinator's, via the backend and its writer), so a lost
+notification is made good by the next request. A flush is dead when every section was released
+and it was unused or the watermark passed its last use; a physical file is deleted when all its
+flushes are dead. A backend restored from a checkpoint names the restored changelog too, until
+its first materialization: at restore its writer retains those sections at their nodes and
+later releases them like its own uploads. A node restarted by Ray forgets its files: they stay
+until the job's next recovery deletes what no checkpoint names.
 """
 
 from __future__ import annotations
