@@ -126,7 +126,9 @@ def test_injected_5xx_and_timeouts_are_retried(tree_factory, namespace, s3_env):
 
 def test_every_attempt_fails_then_next_checkpoint_succeeds(tree_factory, namespace, s3_env):
     s3 = s3_env
-    spec = json.dumps({"script": ["5xx", "5xx", "5xx"], "match": ".dstl"})
+    # every upload fails (one file per batch; a busy machine may split the writers'
+    # requests over two batches), until the faults are lifted below
+    spec = json.dumps({"error_rate": 1.0, "match": ".dstl"})
     tree = tree_factory(base=s3.url("t-fail"), persist_delay_s=0.05, upload_timeout_s=1.0,
                         max_attempts=3, retry_delay_s=0.05, fault_spec=spec,
                         **s3.config_options())
@@ -141,8 +143,11 @@ def test_every_attempt_fails_then_next_checkpoint_succeeds(tree_factory, namespa
         assert f"s3://{s3.bucket}/t-fail/jobf/dstl/" in msg  # names the file
         assert "503" in msg and "after 3 attempt" in msg  # and the cause
     assert all(w.retained_sqns() for w in writers)  # nothing appended is lost
-    assert _root_status(tree)["upload"]["failures"] == 1
-    _append(writers, expected, "after")  # the fault cleared (the script is used up)
+    assert sum(s["upload"]["failures"] for s in tree.status()) >= 1
+    import ray
+
+    ray.get([tree.node(n).set_fault_spec.remote("") for n in tree.nodes], timeout=30)
+    _append(writers, expected, "after")  # the DFS is back
     handles = _persist_all(writers)
     _assert_restores(handles, expected)
     for c in clients:
