@@ -32,6 +32,20 @@ def _referenced(coord, sub):
             if f"/{JOB}/{sub}/" in u}
 
 
+def _restored(namespace, checkpoint):
+    """The counts of ``checkpoint`` restored by a reader job of its own."""
+    reader = restore_backends(d.StateChangelogClient(JOB + "-r", namespace=namespace),
+                              checkpoint, "op", 2, MAXP, materialization_interval=None)
+    try:
+        got = {}
+        for b in reader:
+            got.update(b.dump().get("n", {}))
+        return got
+    finally:
+        for b in reader:
+            b.close()
+
+
 def test_flushes_are_appended_across_checkpoints_and_freed(tree_factory, namespace, tmp_path):
     base = f"file://{tmp_path}/dfs"
     tree_factory(base=base, file_merging="across_checkpoints")
@@ -63,17 +77,7 @@ def test_flushes_are_appended_across_checkpoints_and_freed(tree_factory, namespa
     summary = inspect_path(biggest)
     assert len(summary["flushes"]) >= 2 and all(f["logs"] for f in summary["flushes"])
     assert "flush at offset" in render(summary)
-    reader = restore_backends(d.StateChangelogClient(JOB + "-r", namespace=namespace),
-                              coord.latest_checkpoint(), "op", 2, MAXP,
-                              materialization_interval=None)
-    try:
-        got = {}
-        for b in reader:
-            got.update(b.dump().get("n", {}))
-        assert got == state
-    finally:
-        for b in reader:
-            b.close()
+    assert _restored(namespace, coord.latest_checkpoint()) == state
     # quiet down: materialize once more, then checkpoints carry the watermark to the root
     for b in bs:
         b.materialize(force=True).result(timeout=30)
@@ -133,15 +137,5 @@ def test_restored_backends_keep_the_flushes_they_restored(tree_factory, namespac
             gone = [u for u in c.files.values() if not os.path.exists(u[len("file://"):])]
             assert not gone, (c.checkpoint_id, gone)
     assert coord.subsumed_watermark() > first.checkpoint_id
-    reader = restore_backends(d.StateChangelogClient(JOB + "-r", namespace=namespace),
-                              coord.latest_checkpoint(), "op", 2, MAXP,
-                              materialization_interval=None)
-    try:
-        got = {}
-        for b in reader:
-            got.update(b.dump().get("n", {}))
-        assert got == state
-    finally:
-        for b in reader:
-            b.close()
+    assert _restored(namespace, coord.latest_checkpoint()) == state
     coord.shutdown()
