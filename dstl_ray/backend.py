@@ -43,6 +43,7 @@ from .snapshot import (
     KeyedStateSnapshot,
     component_changes,
     component_files,
+    file_name,
     restricted,
 )
 from .state import (
@@ -362,7 +363,7 @@ class ChangelogKeyedStateBackend:
                 return
             for seg in handle.segments:
                 url = join(handle.job_path, seg.path)
-                name = url.rsplit("/", 1)[-1]
+                name = file_name(url)
                 old = self._segment_files.get(name)
                 self._segment_files[name] = (url, max(seg.sqn_max, old[1] if old else 0))
             self._repin()
@@ -517,14 +518,19 @@ class ChangelogKeyedStateBackend:
                 else:
                     self._storage.delete(url)
                 raise CheckpointError("backend closed during materialization")
-            self._base = (h,)
-            self._base_files = {url.rsplit("/", 1)[-1]: url}
-            if self._merging is not None:
-                self._merging.set_base(h.path, h.offset)
+            self._set_state_file(h)
             self._materialized_sqn = max(self._materialized_sqn, sqn)
             self._writer.truncate(before=sqn)
             self.materializations += 1
             self._repin()
+
+    def _set_state_file(self, h: MaterializedHandle) -> None:
+        """The materialized state is now ``h`` alone (caller holds the lock)."""
+        url = join(self.job_path, h.path)
+        self._base = (h,)
+        self._base_files = {file_name(url): url}
+        if self._merging is not None:
+            self._merging.set_base(h.path, h.offset)
 
     def _materialization_timer(self) -> None:
         assert self.materialization_interval is not None
@@ -599,11 +605,7 @@ class ChangelogKeyedStateBackend:
                         or (h.path, h.offset) != (rel, offset)):
                     self._merging.discard(new_rel, new_off)  # the state moved on meanwhile
                     return
-                h = dataclasses.replace(h, path=new_rel, offset=new_off)
-                url = join(self.job_path, new_rel)
-                self._base = (h,)
-                self._base_files = {url.rsplit("/", 1)[-1]: url}
-                self._merging.set_base(new_rel, new_off)
+                self._set_state_file(dataclasses.replace(h, path=new_rel, offset=new_off))
                 self._merging.compacted(length)
                 self._repin()
         except DstlError as e:
