@@ -201,7 +201,8 @@ class ChangelogKeyedStateBackend:
                  restore: Sequence[RestoreSource] = (),
                  executor: concurrent.futures.Executor | None = None,
                  materialize_in_background: bool = False,
-                 file_merging: FileMergingOptions | None = None) -> None:
+                 file_merging: FileMergingOptions | None = None,
+                 incarnation: str = "") -> None:
         if not key_group_range.end < max_parallelism:
             raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
                                 f"{max_parallelism}")
@@ -238,6 +239,7 @@ class ChangelogKeyedStateBackend:
         self.materialization_failures = 0
         foreign = self._restore(restore)
         self._writer = client.create_writer(operator_id, key_group_range)
+        self._writer.incarnation = incarnation
         # restored changelog in nodes' merged files: our snapshots name it until our first
         # materialization, so its nodes must keep it for us too (FLIP-306 take-over)
         self._restored_named = -1  # newest checkpoint whose snapshot named it
@@ -337,6 +339,11 @@ class ChangelogKeyedStateBackend:
                         foreign = True
         self._base = tuple(base)
         return foreign
+
+    def set_incarnation(self, incarnation: str) -> None:
+        """The run of the job this backend writes for (:mod:`dstl_ray.lease`): its requests
+        carry it, so node actors keep the job's state per incarnation."""
+        self._writer.incarnation = incarnation
 
     # ------------------------------------------------------------------ registry pins
 

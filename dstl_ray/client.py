@@ -223,7 +223,7 @@ class RayNodeTransport:
         except Exception as e:  # noqa: BLE001 - only batching suffers
             log.debug("mark of %s failed: %s", log_id, e)
 
-    def retain(self, segment: Segment, log_id: str) -> None:
+    def retain(self, segment: Segment, log_id: str, incarnation: str = "") -> None:
         """``log_id`` names ``segment`` (restored) too; synchronous, before any request of
         this process can carry a watermark that would free it."""
         import ray
@@ -231,7 +231,7 @@ class RayNodeTransport:
         try:
             node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
             ray.get(node.retain.remote(self.job_id, segment.path, segment.offset, log_id,
-                                       self._caller), timeout=30)
+                                       self._caller, incarnation), timeout=30)
         except (ValueError, ray.exceptions.RayActorError):
             pass  # that node actor is gone or restarted: it forgot its files, never deletes
         except NamespaceError:

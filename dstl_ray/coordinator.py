@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from .backend import ChangelogKeyedStateBackend
-from .errors import CheckpointDeclinedError, DstlError, RestoreError
+from .errors import CheckpointDeclinedError, DstlError, JobLeaseError, RestoreError
+from .lease import Incarnation, JobLease
 from .recovery import (
     CompletedCheckpoint,
     cleanup_orphans,
@@ -69,7 +70,8 @@ class CheckpointCoordinator:
     def __init__(self, job_id: str, base_path: str, *, max_parallelism: int = 128,
                  retained: int = 1,
                  retention: CheckpointRetention = CheckpointRetention.RETAIN_ON_CANCELLATION,
-                 max_concurrent: int = 4, registry: SharedStateRegistry | None = None) -> None:
+                 max_concurrent: int = 4, registry: SharedStateRegistry | None = None,
+                 lease_ttl_s: float = 30.0) -> None:
         if retained < 1 or max_concurrent < 1:
             raise ValueError("retained and max_concurrent must be >= 1")
         self.job_id = job_id
@@ -88,13 +90,30 @@ class CheckpointCoordinator:
         self._in_progress: set[int] = set()  # checkpoint ids triggered and not yet finished
         self._next_id = 1
         self._finisher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-cc")
-        # merged changelog files belong to the node actors that append to them (FLIP-306)
-        self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR)])
+        # one live driver per job; taken when the job starts (restore, first checkpoint)
+        self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage)
         self.declined = 0
+
+    # ------------------------------------------------------------------ incarnation
+
+    @property
+    def incarnation(self) -> Incarnation:
+        """This run of the job (:mod:`dstl_ray.lease`); taking it holds the job's lease."""
+        with self._lock:
+            if self.lease.incarnation is None:
+                inc = self.lease.acquire()
+                self.registry.guard = self.lease.check  # a fenced driver deletes nothing
+                # merged changelog files of this incarnation belong to the node actors
+                # that append to them (FLIP-306); those of earlier runs go by reference
+                # count, like any shared file
+                self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR,
+                                                        str(inc))], permanent=True)
+            return self.lease.incarnation  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ backends
 
     def register_backend(self, backend: ChangelogKeyedStateBackend) -> None:
+        backend.set_incarnation(str(self.incarnation))
         backend.attach_registry(self.registry)
         if backend.owned_dir is not None:  # its merged files are its own to delete
             self.registry.set_claims(f"backend-{id(backend)}",
@@ -109,10 +128,13 @@ class CheckpointCoordinator:
 
     def subsumed_watermark(self) -> int:
         """The newest checkpoint id up to which every checkpoint is subsumed or declined:
-        nothing at or below it is retained or in progress (FLIP-306 4.4)."""
+        nothing at or below it is retained or in progress, and no checkpoint this
+        coordinator may still complete has an id at or below it (FLIP-306 4.4). With
+        nothing retained, :meth:`complete_checkpoint` accepts any id (a Spark query starts
+        at batch 0, a replayed batch restarts at its own id), so the watermark is -1."""
         with self._lock:
             ids = [c.checkpoint_id for c in self._retained] + list(self._in_progress)
-            return (min(ids) if ids else self._next_id) - 1
+            return min(ids) - 1 if ids else -1
 
     def _notify_subsumed(self) -> None:
         """Tell every backend the watermark (each call carries all earlier ones)."""
@@ -143,6 +165,7 @@ class CheckpointCoordinator:
 
     def trigger_checkpoint(self) -> PendingCheckpoint:
         """Checkpoint n: every backend's snapshot, then the metadata file (asynchronously)."""
+        self.incarnation  # noqa: B018 - the job's lease, before anything is written
         with self._lock:
             n = self._new_id()
             self._in_progress.add(n)
@@ -192,6 +215,7 @@ class CheckpointCoordinator:
         try:
             if error is not None:
                 raise error
+            self.lease.check()  # a fenced driver never writes metadata
             text = meta.to_json().encode()
             self.storage.write_file(url, text)
         except BaseException as e:  # noqa: BLE001
@@ -222,6 +246,7 @@ class CheckpointCoordinator:
         """Complete checkpoint ``checkpoint_id`` from snapshots taken elsewhere (backends in
         other processes, e.g. Spark tasks; the id is the micro-batch id). It must be newer
         than every retained checkpoint: see :meth:`drop_checkpoints_from` for a replay."""
+        self.incarnation  # noqa: B018 - the job's lease, before anything is written
         with self._lock:
             newest = self._retained[-1].checkpoint_id if self._retained else -1
             if checkpoint_id <= newest or checkpoint_id in self._pending:
@@ -252,7 +277,13 @@ class CheckpointCoordinator:
 
     def _discard(self, cc: CompletedCheckpoint) -> None:
         """Subsume: delete the metadata first (never a metadata naming deleted files), then
-        drop its references (the registry deletes what nobody else uses)."""
+        drop its references (the registry deletes what nobody else uses). A fenced driver
+        deletes nothing: the job is another driver's now."""
+        try:
+            self.lease.check()
+        except JobLeaseError as e:
+            log.warning("not discarding checkpoint %d: %s", cc.checkpoint_id, e)
+            return
         try:
             get_storage(cc.metadata_url).delete(cc.metadata_url)
         except DstlError as e:
@@ -298,6 +329,22 @@ class CheckpointCoordinator:
         another job or a savepoint) or else the latest complete one, delete orphans, and
         register the backends. With ``fallback`` a checkpoint whose files are missing or
         corrupt is skipped for the next older retained one; otherwise the error names both."""
+        self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
+        try:
+            return self._restore(client, operator_id, parallelism, checkpoint, mode,
+                                 fallback, cleanup, backend_options)
+        except BaseException:
+            self.lease.release()  # the job did not start: the next driver need not wait
+            self.lease.incarnation = None  # a retry starts a new incarnation
+            raise
+
+    def _restore(self, client: Any, operator_id: str, parallelism: int,
+                 checkpoint: str | None, mode: RestoreMode, fallback: bool, cleanup: bool,
+                 backend_options: dict[str, Any]) -> list[ChangelogKeyedStateBackend]:
+        # the orphan cleanup considers only files that exist before anything of this run is
+        # written: restoring backends may write already (a rescale with file merging
+        # materializes each new subtask's own copy at once), and those files are live
+        before = self.storage.list_files(self.job_path) if cleanup else []
         retained: list[CompletedCheckpoint] = []
         broken: list[tuple[str, RestoreError]] = []
         for _cid, url in list_checkpoints(self.job_path, self.storage):
@@ -323,6 +370,7 @@ class CheckpointCoordinator:
             candidates = list(reversed(retained)) or [None]
         chosen, backends = None, None
         errors: list[RestoreError] = []
+        backend_options.setdefault("incarnation", str(self.incarnation))
         for cc in candidates:
             try:
                 backends = restore_backends(client, cc, operator_id, parallelism,
@@ -357,8 +405,9 @@ class CheckpointCoordinator:
             self.registry.protect(chosen.files)
         if cleanup:
             keep_urls = {u for c in keep for u in c.files.values()} | {
-                c.metadata_url for c in keep}
-            cleanup_orphans(self.job_path, keep_urls, self.storage)
+                c.metadata_url for c in keep} | {self.lease.url}
+            self.lease.check()
+            cleanup_orphans(self.job_path, keep_urls, self.storage, candidates=before)
         if chosen is not None:
             self._claim_dirs(chosen.metadata.snapshots)
         for b in backends:
@@ -392,6 +441,14 @@ class CheckpointCoordinator:
             for cc in gone:
                 self._discard(cc)
         self._finisher.shutdown(wait=True)
+        self.lease.release()
+
+    def abandon(self) -> None:
+        """Stop as a crashed driver would: nothing is closed, released or deleted, and the
+        job's lease is left to the next driver (the chaos harness and tests simulate a
+        driver's death with it)."""
+        self.lease.abandon()
+        self._finisher.shutdown(wait=False)
 
 
 def _spawn(fn: Any) -> concurrent.futures.Future:

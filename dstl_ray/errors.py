@@ -87,3 +87,17 @@ class RestoreError(CheckpointError):
 class NamespaceError(DstlError, PermissionError):
     """A request for a job came from another Ray namespace than the job's own: node actors
     accept a job's requests only from the namespace that job's writers run in."""
+
+
+class JobLeaseError(DstlError):
+    """Another live driver holds the job, or took it over from this one (one live driver per
+    job: the lease in the job directory)."""
+
+
+class StaleIncarnationError(DstlError):
+    """A request of an older incarnation of a job reached a node that already serves a newer
+    one (the job was restarted under the same id): it is refused, never mixed in."""
+
+
+class DeadlineError(DstlError, TimeoutError):
+    """A request's or checkpoint's deadline passed before it could be completed."""

@@ -205,6 +205,12 @@ class FilePool:
             self.watermark = watermark
         self._collect()
 
+    def abandon(self) -> None:
+        """Forget every file without deleting any: they belong to someone else now (a node's
+        merged files of a job's earlier incarnation go by the new run's reference counts)."""
+        with self._cond:
+            self._files.clear()
+
     def _collect(self) -> None:
         wm = self.watermark
         dead: list[PooledFile] = []

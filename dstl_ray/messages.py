@@ -29,6 +29,9 @@ class PersistRequest:
     # the job's subsumed watermark as the writer knows it (FLIP-306 4.4): nodes free merged
     # changelog files once no retained checkpoint can name them
     subsumed: int = -1
+    # the run of the job it belongs to (dstl_ray.lease.Incarnation; "" outside a coordinated
+    # job): nodes keep a job's state per incarnation and refuse older ones
+    incarnation: str = ""
 
     @property
     def size(self) -> int:

@@ -82,6 +82,10 @@ class JobNamespaces:
         b = self._bindings.get(job_id)
         return b.namespace if b else None
 
+    def forget(self, job_id: str) -> None:
+        """The job is gone from this node (idle for long): its next caller binds it anew."""
+        self._bindings.pop(job_id, None)
+
     def admit(self, job_id: str, caller: object) -> None:
         """Bind ``job_id`` to ``caller``'s namespace, or check it is the bound one."""
         if not isinstance(caller, Caller) or not isinstance(caller.namespace, str):

@@ -23,20 +23,25 @@ from typing import Any
 
 from . import tracing
 from .config import ChangelogConfig
-from .errors import DstlError, StorageError
+from .errors import DeadlineError, DstlError, StaleIncarnationError, StorageError
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment, check_relative_path
+from .lease import Incarnation
 from .merging import FileMergingOptions
 from .messages import PersistRequest
 from .metrics import NodeMetrics
 from .namespaces import Caller, JobNamespaces
-from .segment_files import FlushFiles
+from .segment_files import SEGMENTS_DIR, FlushFiles
 from .storage import join, normalize_url, storage_for
 from .upload import Uploader
 
 log = logging.getLogger(__name__)
 
 REGISTRATION_TIMEOUT_S = 5.0  # an upstream's (un)register_source call, at most
+REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
+JOB_IDLE_S = 3600.0  # a job unheard of for this long (and without writers) is forgotten
+
+Result = Segment | BaseException  # per request: its segment, or why it failed
 
 
 @dataclass
@@ -47,6 +52,9 @@ class _Pending:
     size: int
     spans: list[Any] | None = None  # one "dstl.node" span per request (tracing on)
     arrived: float = field(default_factory=time.monotonic)
+    # monotonic time after which the sender no longer waits for the answer: its segments
+    # are useless to it then (it flushed them itself, or failed its checkpoint)
+    deadline: float = float("inf")
 
 
 class _ByteBudget:
@@ -104,6 +112,10 @@ class NodeCounters:
     waits_for_late: int = 0  # batches whose delay was extended for late sources
     registration_failures: int = 0  # upstream (un)registrations that failed or timed out
     idle_sources_dropped: int = 0  # sources silent for source_idle_s, no longer waited for
+    incarnations: int = 0  # jobs (re)started under a newer incarnation
+    stale_refused: int = 0  # requests of a job's older incarnation, refused
+    deadline_expired: int = 0  # requests whose sender's deadline passed here
+    jobs_forgotten: int = 0  # idle jobs whose node-side state was dropped
 
 
 class ChangelogNode:
@@ -163,6 +175,11 @@ class ChangelogNode:
         if self._merging.across:
             self._merging.check_storage(self.base_path)
         self._flush_files: dict[str, FlushFiles] = {}
+        # job -> its newest incarnation seen here (dstl_ray.lease): a job's node-side state
+        # belongs to one incarnation and starts clean when a newer one appears
+        self._incarnations: dict[str, Incarnation] = {}
+        self._job_seen: dict[str, float] = {}  # job -> last time it was heard of
+        self._jobs_checked = time.monotonic()
 
     # ------------------------------------------------------------------ info
 
@@ -193,6 +210,9 @@ class ChangelogNode:
             "waits_for_late": c.waits_for_late,
             "idle_sources_dropped": c.idle_sources_dropped,
             "registration_failures": c.registration_failures, "route": self._route,
+            "incarnations": c.incarnations, "stale_refused": c.stale_refused,
+            "deadline_expired": c.deadline_expired, "jobs_forgotten": c.jobs_forgotten,
+            "jobs": len(self._job_seen),
             "namespace_refusals": self._namespaces.refused,
             "merged_changelog": {j: ff.stats_dict() for j, ff in self._flush_files.items()},
             "namespace_takeovers": self._namespaces.taken_over,
@@ -238,8 +258,7 @@ class ChangelogNode:
 
     async def register_writer(self, log_id: str, job_id: str,
                               caller: Caller | None = None) -> None:
-        check_relative_path(job_id)
-        self._namespaces.admit(job_id, caller)
+        self._admit(job_id, caller)
         self._writers[log_id] = job_id
         self._last_seen[log_id] = time.monotonic()
         await self._sync_registration()
@@ -248,7 +267,7 @@ class ChangelogNode:
         job_id = self._writers.get(log_id)
         if job_id is None:
             return
-        self._namespaces.admit(job_id, caller)
+        self._admit(job_id, caller)
         self._writers.pop(log_id, None)
         self._last_seen.pop(log_id, None)
         for seen in self._ckpt_seen.values():
@@ -315,20 +334,97 @@ class ChangelogNode:
 
     # ------------------------------------------------------------------ persist
 
+    # ------------------------------------------------------------------ jobs
+
+    def _admit(self, job_id: str, caller: Caller | None, incarnation: str = "") -> None:
+        """Every request-taking endpoint: the job's namespace (dstl_ray.namespaces), then its
+        incarnation. A newer incarnation resets the job's node-side state (batching
+        knowledge, merged changelog files, the subsumed watermark): the job was restarted
+        under the same id, and nothing the old run taught us may touch the new run's files.
+        The old run's merged files are left alone (the new run's registry counts references
+        to them like any shared file). Requests of an older incarnation are refused."""
+        check_relative_path(job_id)
+        self._namespaces.admit(job_id, caller)
+        self._job_seen[job_id] = time.monotonic()
+        inc = Incarnation.parse(incarnation)
+        if inc is None:
+            return  # a writer outside any coordinated job: whatever runs now
+        cur = self._incarnations.get(job_id)
+        if cur is None or (inc.epoch, inc.holder) > (cur.epoch, cur.holder):
+            if cur is not None:
+                log.info("%s: job %s restarted as incarnation %s (was %s): its node "
+                         "state starts clean", self.name, job_id, inc, cur)
+                self.counters.incarnations += 1
+            self._incarnations[job_id] = inc
+            self._reset_job(job_id)
+        elif inc != cur:
+            self.counters.stale_refused += 1
+            raise StaleIncarnationError(
+                f"job {job_id!r}: request of incarnation {inc} refused, node {self.name} "
+                f"serves its newer incarnation {cur} (the job was started again)")
+
+    def _reset_job(self, job_id: str) -> None:
+        self._ckpt_seen.pop(job_id, None)
+        self._sent_for.pop(job_id, None)
+        self._marked_up.pop(job_id, None)
+        ff = self._flush_files.pop(job_id, None)
+        if ff is not None:
+            ff.abandon()
+
+    def _forget_idle_jobs(self) -> None:
+        """Nothing grows without bound on a long-lived tree: a job not heard of for
+        ``JOB_IDLE_S`` with no writer registered here loses its node-side state (a later
+        request of it starts clean; its merged files are left to the job's registry)."""
+        now = time.monotonic()
+        active = set(self._writers.values()) | {r.job_id for p in self._pending
+                                                for r in p.requests}
+        for job_id, seen in list(self._job_seen.items()):
+            if now - seen > JOB_IDLE_S and job_id not in active:
+                del self._job_seen[job_id]
+                self._incarnations.pop(job_id, None)
+                self._reset_job(job_id)
+                self._namespaces.forget(job_id)
+                self.counters.jobs_forgotten += 1
+
+    def _stale(self, r: PersistRequest) -> StaleIncarnationError | None:
+        """``r`` was admitted, but a newer incarnation of its job arrived since."""
+        inc, cur = Incarnation.parse(r.incarnation), self._incarnations.get(r.job_id)
+        if inc is None or cur is None or inc == cur:
+            return None
+        self.counters.stale_refused += 1
+        return StaleIncarnationError(f"job {r.job_id!r}: request of incarnation {inc} "
+                                     f"dropped, the job runs as incarnation {cur} now")
+
+    # ------------------------------------------------------------------ persist
+
+    def _request_budget(self) -> float:
+        """How long a writer's request may take here, all levels above included: each
+        level may wait for its batch and need a full upload (all attempts) to flush itself
+        should its parent fail; the root is ``level`` hops away."""
+        c = self.config
+        per_level = (self._flush_reserve() + c.persist_max_wait_s
+                     + c.persist_delay_s * (2 + self.level + self.height))
+        return per_level * (self.level + 2)
+
+    def _flush_reserve(self) -> float:
+        c = self.config
+        return c.max_attempts * (c.upload_timeout_s + c.retry_delay_s) + 1.0
+
     async def persist(self, request: PersistRequest) -> Segment:
         """One writer's request; resolves to the segment holding it once durable."""
         if not isinstance(request, PersistRequest):
             raise DstlError(f"bad persist request {type(request).__name__}")
-        check_relative_path(request.job_id)
-        self._namespaces.admit(request.job_id, request.caller)
+        self._admit(request.job_id, request.caller, request.incarnation)
         if request.source not in self._writers:
             # registered with an earlier incarnation of this actor (Ray restarted it):
             # count it as a source again, so batches wait for it; the upstream learns of
             # us in the background (the request does not wait for that)
             self._writers[request.source] = request.job_id
             asyncio.get_running_loop().create_task(self._sync_registration())
-        segs = await self._enqueue([request], request.source)
-        return segs[0]
+        res = (await self._enqueue([request], request.source, self._request_budget()))[0]
+        if isinstance(res, BaseException):
+            raise res
+        return res
 
     async def persist_many(self, requests: list[PersistRequest]) -> list[Segment | Exception]:
         """Several writers' requests from one process in one call; each still counts as its
@@ -336,20 +432,37 @@ class ChangelogNode:
         return list(await asyncio.gather(*(self.persist(r) for r in requests),
                                          return_exceptions=True))
 
-    async def persist_batch(self, requests: list[PersistRequest], source: str) -> list[Segment]:
-        """A child's whole batch, as ONE request; resolves to one segment per request."""
+    async def persist_batch(self, requests: list[PersistRequest], source: str,
+                            budget_s: float | None = None) -> list[Result]:
+        """A child's whole batch, as ONE request; resolves to one result per request: its
+        segment, or why it failed. Jobs are independent: one job's refusal or DFS failure
+        fails only that job's requests. ``budget_s``: how long the child waits for the
+        answer; past it, nothing is written for the child (it flushes itself), and what
+        was written for it is released again."""
         self.counters.requests_from_children += 1
-        for r in requests:  # each request still names the process that sent it first
-            if not isinstance(r, PersistRequest):
-                raise DstlError(f"bad persist request {type(r).__name__}")
-            check_relative_path(r.job_id)
-            self._namespaces.admit(r.job_id, r.caller)
+        out: list[Result | None] = [None] * len(requests)
+        admitted: list[int] = []
+        for i, r in enumerate(requests):  # each request still names its first sender
+            try:
+                if not isinstance(r, PersistRequest):
+                    raise DstlError(f"bad persist request {type(r).__name__}")
+                self._admit(r.job_id, r.caller, r.incarnation)
+                admitted.append(i)
+            except DstlError as e:
+                out[i] = e
         if source not in self._children:  # registered before this actor was restarted
             self._children.add(source)
             asyncio.get_running_loop().create_task(self._sync_registration())
-        return await self._enqueue(list(requests), source)
+        if admitted:
+            res = await self._enqueue([requests[i] for i in admitted], source,
+                                      self._request_budget() if budget_s is None
+                                      else budget_s)
+            for i, x in zip(admitted, res, strict=True):
+                out[i] = x
+        return [x for x in out if x is not None]
 
-    async def _enqueue(self, requests: list[PersistRequest], source: str) -> list[Segment]:
+    async def _enqueue(self, requests: list[PersistRequest], source: str,
+                       budget_s: float) -> list[Result]:
         if self._budget is None:
             self._budget = _ByteBudget(self.config.in_flight_limit)
         for r in requests:
@@ -363,6 +476,7 @@ class ChangelogNode:
                  for r in requests] if tracing.enabled() else None
         item = _Pending(requests, loop.create_future(), source, sum(r.size for r in requests),
                         spans)
+        item.deadline = item.arrived + budget_s
         self._last_seen[source] = item.arrived
         for r in requests:
             if r.subsumed >= 0 and r.job_id in self._flush_files:
@@ -385,8 +499,8 @@ class ChangelogNode:
             for sp in spans or ():
                 tracing.end_span(sp, error=e)
             raise
-        for sp in spans or ():
-            tracing.end_span(sp)
+        for sp, x in zip(spans or (), segs, strict=False):
+            tracing.end_span(sp, error=x if isinstance(x, BaseException) else None)
         return segs
 
     def _delay(self) -> float:
@@ -465,8 +579,7 @@ class ChangelogNode:
         """``source`` has nothing (more) to send for ``checkpoint_id``: its changes are
         durable already or it had none. A batch waiting for it stops waiting; a node that
         had no request of this checkpoint at all passes the mark to its upstream."""
-        check_relative_path(job_id)
-        self._namespaces.admit(job_id, caller)
+        self._admit(job_id, caller)
         if type(checkpoint_id) is not int or checkpoint_id < 0:
             raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
         seen = self._ckpt_seen.setdefault(job_id, {})
@@ -512,6 +625,10 @@ class ChangelogNode:
             asyncio.get_running_loop().create_task(self._sync_registration())
 
     def _send_batch(self) -> None:
+        now = time.monotonic()
+        if now - self._jobs_checked > 60.0:
+            self._jobs_checked = now
+            self._forget_idle_jobs()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -522,9 +639,16 @@ class ChangelogNode:
             asyncio.get_running_loop().create_task(self._dispatch(batch))
 
     async def _dispatch(self, batch: list[_Pending]) -> None:
+        now = time.monotonic()
+        for p in batch:  # their senders gave up already: write nothing for them
+            if now > p.deadline and not p.future.done():
+                self.counters.deadline_expired += len(p.requests)
+                p.future.set_result([self._expired(r) for r in p.requests])
+        batch = [p for p in batch if not p.future.done()]
+        if not batch:
+            return
         requests = [r for p in batch for r in p.requests]
         total = sum(p.size for p in batch)
-        now = time.monotonic()
         spans: list[Any] = []
         for p in batch:
             wait_ms = (now - p.arrived) * 1000
@@ -538,30 +662,59 @@ class ChangelogNode:
         await self._budget.acquire(total)
         self.metrics.in_flight(self._budget.used)
         try:
-            segments = await self._forward_or_flush(requests, total, spans)
+            try:
+                results = await self._forward_or_flush(requests, total, spans,
+                                                       min(p.deadline for p in batch))
+            except Exception as e:  # noqa: BLE001 - every waiter learns the cause
+                results = [e] * len(requests)
             pos = 0
             for p in batch:
-                n = len(p.requests)
+                mine = results[pos:pos + len(p.requests)]
+                pos += len(p.requests)
+                if time.monotonic() > p.deadline:
+                    # its sender stopped waiting: what we wrote for it is nobody's
+                    self.counters.deadline_expired += len(p.requests)
+                    await self._release_late(p.requests, mine)
+                    mine = [self._expired(r) for r in p.requests]
                 if not p.future.done():
-                    p.future.set_result(segments[pos:pos + n])
-                pos += n
-        except Exception as e:  # noqa: BLE001 - every waiter learns the cause
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_exception(e)
+                    p.future.set_result(mine)
         finally:
             await self._budget.release(total)
             self.metrics.in_flight(self._budget.used)
 
+    def _expired(self, r: PersistRequest) -> DeadlineError:
+        return DeadlineError(f"persist request of log {r.log_id} (job {r.job_id}) passed its "
+                             f"deadline at node {self.name}")
+
+    async def _release_late(self, requests: list[PersistRequest], results: list[Result]
+                            ) -> None:
+        """Segments written for a sender that gave up: release them unused, so the file
+        goes once nobody else in it needs it (at whichever node flushed it)."""
+        for r, x in zip(requests, results, strict=True):
+            if isinstance(x, BaseException):
+                continue
+            try:
+                if x.flushed_by == self.name:
+                    await self.release(r.job_id, x.path, r.log_id, False, r.caller, x.offset)
+                else:
+                    self._actor(x.flushed_by).release.remote(
+                        r.job_id, x.path, r.log_id, False, r.caller, x.offset)
+            except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup covers it
+                log.debug("%s: cannot release late segment %s: %s", self.name, x.path, e)
+
     async def _forward_or_flush(self, requests: list[PersistRequest], total: int,
-                                spans: list[Any] | None = None) -> list[Segment]:
+                                spans: list[Any] | None = None,
+                                deadline: float = float("inf")) -> list[Result]:
         from topology.routing import should_flush
 
         flush = should_flush(self.parent is not None, total, self.config.flush_bytes)
         if self.parent is not None and flush != self._flushes_self:
             self._flushes_self = flush
             await self._sync_registration()
-        if not flush:
+        # the parent gets what is left of our deadline, less what we need to flush ourselves
+        # should it fail: then no level's timeout expires together with its parent's
+        budget = deadline - time.monotonic() - self._flush_reserve()
+        if not flush and budget > 0:
             target = self._upstream()
             assert target is not None
             for sp in spans or ():
@@ -572,7 +725,7 @@ class ChangelogNode:
                 requests = [dataclasses.replace(r, trace=tuple(tracing.carrier(sp).items()))
                             for r, sp in zip(requests, spans, strict=True)]
             try:
-                segs = await self._forward(target, requests)
+                segs = await self._forward(target, requests, budget)
             except Exception as e:  # noqa: BLE001 - upstream unreachable
                 self._handles.pop(target, None)
                 if target != self.parent:
@@ -583,7 +736,7 @@ class ChangelogNode:
                     self._drop_route()
                     await self._sync_registration()
                     self.metrics.error("route")
-                    return await self._forward_or_flush(requests, total, spans)
+                    return await self._forward_or_flush(requests, total, spans, deadline)
                 self.counters.forward_failures += 1
                 self.metrics.error("forward")
                 self._registered_to = None
@@ -602,9 +755,27 @@ class ChangelogNode:
                     self._drop_route()  # horizon used up: next batch goes via the parent
                     await self._sync_registration()
             else:
-                await self._learn_route(segs)
-            return segs
+                await self._learn_route([x for x in segs if isinstance(x, Segment)])
+            return await self._flush_failed(requests, segs, spans)
         return await self._flush(requests, spans)
+
+    async def _flush_failed(self, requests: list[PersistRequest], results: list[Result],
+                            spans: list[Any] | None) -> list[Result]:
+        """Requests the upstream could not write (its DFS failed, or it was too late) are
+        flushed here: slower, never lost. Refusals (namespace, incarnation) stand."""
+        redo = [i for i, x in enumerate(results)
+                if isinstance(x, (StorageError, DeadlineError))]
+        if not redo:
+            return results
+        for i in redo:
+            log.warning("%s: upstream failed request of job %s (%s); flushing it myself",
+                        self.name, requests[i].job_id, results[i])
+        again = await self._flush([requests[i] for i in redo],
+                                  [spans[i] for i in redo] if spans else None)
+        out = list(results)
+        for i, x in zip(redo, again, strict=True):
+            out[i] = x
+        return out
 
     async def _learn_route(self, segs: list[Segment]) -> None:
         """Up-front routing: if an ancestor above our parent flushed this batch, send the
@@ -616,23 +787,29 @@ class ChangelogNode:
             self._route, self._route_left = flusher, horizon
             await self._sync_registration()
 
-    async def _forward(self, target: str, requests: list[PersistRequest]) -> list[Segment]:
-        timeout = self.config.max_attempts * (self.config.upload_timeout_s
-                                              + self.config.retry_delay_s) + 30.0
+    async def _forward(self, target: str, requests: list[PersistRequest], budget_s: float
+                       ) -> list[Result]:
+        """``target`` writes nothing for us after ``budget_s`` and releases what it wrote
+        late; we wait a little longer for an answer already on its way."""
         segs = await asyncio.wait_for(
-            self._actor(target).persist_batch.remote(requests, self.name), timeout)
+            self._actor(target).persist_batch.remote(requests, self.name, budget_s),
+            budget_s + REPLY_GRACE_S)
         if len(segs) != len(requests):
-            raise DstlError(f"{target} returned {len(segs)} segments for "
+            raise DstlError(f"{target} returned {len(segs)} results for "
                             f"{len(requests)} requests")
         return segs
 
     async def _flush(self, requests: list[PersistRequest], spans: list[Any] | None = None
-                     ) -> list[Segment]:
-        """Write ONE file per job holding every request of the batch."""
+                     ) -> list[Result]:
+        """Write ONE file per job holding every request of the batch. Jobs are independent
+        ("Many jobs, one tree"): a job whose write fails gets its error, the others their
+        segments; a request of a job's older incarnation is not written at all."""
         by_job: dict[str, list[int]] = {}
+        out: list[Result | None] = [None] * len(requests)
         for i, r in enumerate(requests):
-            by_job.setdefault(r.job_id, []).append(i)
-        out: list[Segment | None] = [None] * len(requests)
+            out[i] = self._stale(r)
+            if out[i] is None:
+                by_job.setdefault(r.job_id, []).append(i)
 
         async def one_job(job_id: str, idx: list[int]) -> None:
             sections = [requests[i].section for i in idx]
@@ -682,16 +859,28 @@ class ChangelogNode:
                 s = requests[i].section
                 out[i] = Segment(rel, off, len(s.data), s.sqn_min, s.sqn_max, self.name)
 
-        await asyncio.gather(*(one_job(j, idx) for j, idx in by_job.items()))
-        return [s for s in out if s is not None]
+        errors = await asyncio.gather(*(one_job(j, idx) for j, idx in by_job.items()),
+                                      return_exceptions=True)
+        for idx, e in zip(by_job.values(), errors, strict=True):
+            if isinstance(e, BaseException):
+                for i in idx:
+                    out[i] = e if isinstance(e, DstlError) else StorageError(
+                        f"flush of job {requests[i].job_id} failed at node {self.name}: "
+                        f"{type(e).__name__}: {e}")
+        assert all(x is not None for x in out)
+        return out  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ release
 
     def _job_files(self, job_id: str) -> FlushFiles:
+        """The job's merged files of its current incarnation, in
+        ``segments/{incarnation}/{node}/`` (``_`` for writers outside a coordinated job)."""
         ff = self._flush_files.get(job_id)
         if ff is None:
+            inc = self._incarnations.get(job_id)
             ff = self._flush_files[job_id] = FlushFiles(
-                self._storage, join(self.base_path, job_id), self.node_key, self._merging)
+                self._storage, join(self.base_path, job_id),
+                f"{SEGMENTS_DIR}/{inc or '_'}/{self.node_key}", self._merging)
         return ff
 
     async def _append(self, job_id: str, idx: list[int], requests: list[PersistRequest],
@@ -726,11 +915,10 @@ class ChangelogNode:
             out[i] = Segment(rel, base + off, len(s.data), s.sqn_min, s.sqn_max, self.name)
 
     async def retain(self, job_id: str, rel_path: str, offset: int, log_id: str,
-                     caller: Caller | None = None) -> bool:
+                     caller: Caller | None = None, incarnation: str = "") -> bool:
         """A restored writer's backend names an older section of a merged file (see
         :meth:`FlushFiles.retain`); it releases it like its own uploads."""
-        check_relative_path(job_id)
-        self._namespaces.admit(job_id, caller)
+        self._admit(job_id, caller, incarnation)
         ff = self._flush_files.get(job_id)
         rel = check_relative_path(rel_path)
         if ff is None or not ff.owns(rel):
@@ -743,8 +931,7 @@ class ChangelogNode:
         """A writer no longer needs its segment of ``rel_path``. Once every log in the file
         released it and none of them gave it out in a handle, the file is deleted (a
         pre-emptive upload that no checkpoint used). Returns True if the file was deleted."""
-        check_relative_path(job_id)
-        self._namespaces.admit(job_id, caller)
+        self._admit(job_id, caller)
         path = join(self.base_path, job_id, check_relative_path(rel_path))
         ff = self._flush_files.get(job_id)
         if ff is not None and ff.owns(rel_path):

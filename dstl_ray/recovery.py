@@ -108,12 +108,15 @@ def restore_backends(client: Any, checkpoint: CompletedCheckpoint | None, operat
     return backends
 
 
-def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = None) -> list[str]:
+def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = None,
+                    candidates: Sequence[str] | None = None) -> list[str]:
     """FLIP-158 "Cleanup after recovery": delete every file under the job directory that is
     not in ``keep`` (URLs) and not part of a complete savepoint. Run before checkpointing
-    (re)starts, so no new pending file can be removed."""
+    (re)starts, so no new pending file can be removed. ``candidates``: a listing of the job
+    directory taken before the restore wrote anything (default: list it now); files created
+    after it are never touched."""
     st = storage or get_storage(job_path)
-    files = st.list_files(job_path)
+    files = list(candidates) if candidates is not None else st.list_files(job_path)
     complete_savepoints = {m.group(1) for u in files if u.endswith("/" + METADATA_FILE)
                            and (m := _SAVEPOINT_DIR.search(u[len(job_path):]))}
     deleted = []

@@ -20,6 +20,7 @@ Thread-safe; deletes run outside the lock.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +50,14 @@ class SharedStateRegistry:
         self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
         self._protected: set[str] = set()
         self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
-        self.deleted: list[str] = []
+        # owners whose claims last as long as the registry (node-owned merged changelog files
+        # of this incarnation): unreferenced names there are forgotten, not kept for later
+        self._permanent: set[str] = set()
+        # the most recent deletions (bounded: a long run deletes without end)
+        self.deleted: collections.deque[str] = collections.deque(maxlen=1000)
+        self.deleted_count = 0
+        # raises a DstlError when this registry may no longer delete (a fenced driver)
+        self.guard: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -116,10 +124,15 @@ class SharedStateRegistry:
 
     # ------------------------------------------------------------------ claimed directories
 
-    def set_claims(self, owner: str, directories: Iterable[str]) -> None:
+    def set_claims(self, owner: str, directories: Iterable[str], permanent: bool = False
+                   ) -> None:
         """Replace the directories ``owner`` claims (URLs); files there are not ours to
-        delete. Files of directories no longer claimed become candidates if unreferenced."""
+        delete. Files of directories no longer claimed become candidates if unreferenced.
+        ``permanent``: the claim never ends while this registry lives, so names there that
+        nothing references any more are forgotten (a long run names ever new files)."""
         with self._lock:
+            if permanent:
+                self._permanent.add(owner)
             new = frozenset(d.rstrip("/") + "/" for d in directories)
             if new:
                 self._claims[owner] = new
@@ -145,9 +158,16 @@ class SharedStateRegistry:
 
     def _maybe_candidate(self, name: str) -> None:
         if (name not in self._refs and not self._pinned(name)
-                and name not in self._protected and name in self._urls
-                and not self._claimed(name)):
-            self._candidates[name] = self._last_started
+                and name not in self._protected and name in self._urls):
+            if not self._claimed(name):
+                self._candidates[name] = self._last_started
+            elif self._permanently_claimed(name):
+                del self._urls[name]  # its owner deletes it; nothing here needs the name
+
+    def _permanently_claimed(self, name: str) -> bool:
+        url = self._urls[name]
+        return any(url.startswith(p) for o in self._permanent
+                   for p in self._claims.get(o, ()))
 
     def reference_count(self, name: str) -> int:
         with self._lock:
@@ -168,6 +188,12 @@ class SharedStateRegistry:
 
     def collect(self) -> list[str]:
         """Delete every candidate no pending checkpoint can still name; returns their URLs."""
+        if self.guard is not None:
+            try:
+                self.guard()
+            except DstlError as e:
+                log.warning("not deleting unreferenced files: %s", e)
+                return []
         with self._lock:
             oldest_pending = min(self._pending) if self._pending else None
             due = [n for n, epoch in self._candidates.items()
@@ -187,4 +213,5 @@ class SharedStateRegistry:
                 log.warning("cannot delete unreferenced state file %s: %s", url, e)
         with self._lock:
             self.deleted.extend(urls)
+            self.deleted_count += len(urls)
         return urls

@@ -56,10 +56,9 @@ class FlushFiles(FilePool):
 
     suffix = FILE_SUFFIX
 
-    def __init__(self, storage: Storage, job_path: str, node_key: str,
+    def __init__(self, storage: Storage, job_path: str, directory: str,
                  options: FileMergingOptions) -> None:
-        super().__init__(storage, job_path, f"{SEGMENTS_DIR}/{node_key}", options,
-                         PoolStats())
+        super().__init__(storage, job_path, directory, options, PoolStats())
 
     def _new_file(self, rel: str) -> _File:
         return _File(rel)

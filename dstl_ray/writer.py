@@ -83,6 +83,8 @@ class StateChangelogWriter:
         self._sqn = 0  # sqn of the last closed changeset
         self._truncated = 0  # changesets with sqn <= this were dropped
         self._subsumed = -1  # the job's subsumed watermark, sent with every request
+        # the run of the job this log writes for (set by its backend's coordinator)
+        self.incarnation = ""
         self._adopted: list[Segment] = []  # restored segments its backend still names
         self._changesets: dict[int, Changeset] = {}
         self._sizes: dict[int, int] = {}
@@ -143,7 +145,8 @@ class StateChangelogWriter:
         try:
             fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace,
                                                         checkpoint_id,
-                                                        subsumed=self._subsumed))
+                                                        subsumed=self._subsumed,
+                                                        incarnation=self.incarnation))
         except Exception as e:  # noqa: BLE001 - the node is gone; fail this upload only
             fut = concurrent.futures.Future()
             fut.set_exception(e)
@@ -294,7 +297,7 @@ class StateChangelogWriter:
         retain = getattr(self._transport, "retain", None)
         for seg in segments:
             if retain is not None and seg.path.startswith(SEGMENTS_DIR + "/"):
-                retain(seg, self.log_id)
+                retain(seg, self.log_id, self.incarnation)
                 self._adopted.append(seg)
 
     def release_adopted(self, last_checkpoint: int) -> None:

@@ -52,6 +52,7 @@ def test_checkpoints_and_rescaled_restore_on_ray_tree(tree_factory, namespace, t
     latest = coord.latest_checkpoint()
     for b in bs:  # crash: no shutdown
         b.writer.wait_uploads(30)
+    coord.abandon()
     client2 = d.StateChangelogClient("rjob", namespace=namespace)
     coord2 = d.CheckpointCoordinator("rjob", base, max_parallelism=MAXP, retained=2)
     bs2 = coord2.restore(client2, "op", 5, materialization_interval=None)
@@ -59,6 +60,6 @@ def test_checkpoints_and_rescaled_restore_on_ray_tree(tree_factory, namespace, t
     root = f"{base}/rjob"
     want = {u for c in coord2.completed_checkpoints() for u in c.files.values()} | {
         c.metadata_url for c in coord2.completed_checkpoints()}
-    assert set(get_storage(root).list_files(root)) == want
+    assert set(get_storage(root).list_files(root)) == want | {coord2.lease.url}
     coord2.shutdown()
     assert set(get_storage(root).list_files(root)) == want

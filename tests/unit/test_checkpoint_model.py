@@ -63,6 +63,7 @@ def test_random_lifecycle_matches_oracle(seed):
                 b.wait_materialization(30)
                 b.writer.wait_uploads(30)
             latest = coord.latest_checkpoint()
+            coord.abandon()
             coord, bs = _recover(base, retained, rng.randint(1, 6))
             expected = at_checkpoint[latest.checkpoint_id] if latest else Oracle().state
             assert dump_all(bs) == expected

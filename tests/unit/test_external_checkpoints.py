@@ -21,7 +21,8 @@ def _files(base: str) -> set[str]:
 
 def _retained_files(coord) -> set[str]:
     cs = coord.completed_checkpoints()
-    return {u for c in cs for u in c.files.values()} | {c.metadata_url for c in cs}
+    lease = {coord.lease.url} if coord.lease.held else set()
+    return {u for c in cs for u in c.files.values()} | {c.metadata_url for c in cs} | lease
 
 
 def _backend(base, restore=None):

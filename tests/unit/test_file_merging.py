@@ -4,6 +4,7 @@ unreferenced stays, a lost subsume notification is made good by the next, compac
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 
@@ -150,6 +151,7 @@ def test_failover_takes_the_directory_over(tmp_path):
     before = _shared_on_disk(tmp_path)
     for b in bs:  # the subtasks die (no close: nothing is cleaned up by them)
         b._stop.set()
+    coord.abandon()  # and so does the driver
     coord2, bs2 = _job(base, 2, mode="across_checkpoints")
     assert sorted(b.owned_dir for b in bs2) == dirs
     assert dump_all(bs2) == oracle.copy()
@@ -251,3 +253,37 @@ def test_subtasks_in_other_processes_keep_their_directories(tmp_path):
     assert _restored_state(base, 2, coord.latest_checkpoint()) == oracle.copy()
     for b in bs:
         b.close()
+
+
+class _InlineExecutor(concurrent.futures.Executor):
+    """Runs each task at once, in the caller: a forced materialization is durable before the
+    backend's constructor returns (the order that lost state in the orphan cleanup)."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        f: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001
+            f.set_exception(e)
+        return f
+
+
+@pytest.mark.parametrize("mode", ["within_checkpoint", "across_checkpoints"])
+def test_rescale_copies_written_during_restore_survive_its_orphan_cleanup(tmp_path, mode):
+    """The new subtasks' own copies (forced materialization at a rescale) may be durable
+    before the restore's orphan cleanup runs: they are live, never orphans."""
+    base = f"file://{tmp_path}/dfs"
+    coord, bs = _job(base, 2, mode=mode)
+    oracle = Oracle()
+    _rounds(oracle, coord, bs, range(3))
+    coord.shutdown()
+    coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=2)
+    bs = coord.restore(client("job", base), "op", 3, materialization_interval=None,
+                       file_merging=FileMergingOptions(mode), executor=_InlineExecutor())
+    copies = {u for b in bs for u in b._base_files.values()}
+    assert all(b.file_merging_stats()["segments_written"] == 1 for b in bs)
+    gone = [u for u in copies if not os.path.exists(u[len("file://"):])]
+    assert not gone, f"the restore's cleanup deleted the new subtasks' state: {gone}"
+    _rounds(oracle, coord, bs, range(3, 5))
+    assert _restored_state(base, 2, coord.latest_checkpoint()) == oracle.copy()
+    coord.shutdown()

@@ -17,7 +17,7 @@ OPTS = FileMergingOptions("across_checkpoints", max_file_size=1 << 20,
 
 
 def _files(tmp_path):
-    return FlushFiles(LocalStorage(fsync=False), f"file://{tmp_path}/job", "node-a", OPTS)
+    return FlushFiles(LocalStorage(fsync=False), f"file://{tmp_path}/job", "segments/node-a", OPTS)
 
 
 def _exists(tmp_path, rel):

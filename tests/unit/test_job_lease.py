@@ -1,0 +1,152 @@
+"""One live driver per job (the lease in the job directory), the job's incarnations, and a
+subsumed watermark that never passes a checkpoint the coordinator may still complete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import dstl_ray as d
+from dstl_ray.errors import JobLeaseError
+from dstl_ray.lease import JobLease
+from dstl_ray.storage import get_storage
+
+from .ckpt_util import MAXP, client
+
+
+def _coord(base: str, job: str = "job", **kw) -> d.CheckpointCoordinator:
+    return d.CheckpointCoordinator(job, base, max_parallelism=MAXP, **kw)
+
+
+def _inflight(base: str, job: str = "job") -> str:
+    """A changelog file the running driver has just written and no checkpoint names yet."""
+    url = f"{base}/{job}/dstl/node-a/inflight.dstl"
+    get_storage(url).write_file(url, b"bytes of a pending checkpoint")
+    return url
+
+
+def test_a_second_live_driver_is_refused_and_deletes_nothing(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    first = _coord(base)
+    bs = first.restore(client("job", base), "op", 1, materialization_interval=None)
+    bs[0].value_state("v").update("k", 1)
+    first.trigger_checkpoint().result(timeout=30)
+    pending = _inflight(base)
+    second = _coord(base)
+    with pytest.raises(JobLeaseError, match="held by another live driver") as ei:
+        second.restore(client("job", base), "op", 1, materialization_interval=None)
+    assert first.lease.holder in str(ei.value) and str(os.getpid()) in str(ei.value)
+    assert get_storage(pending).exists(pending), "the second driver's cleanup deleted it"
+    with pytest.raises(JobLeaseError):
+        second.trigger_checkpoint()
+    first.trigger_checkpoint().result(timeout=30)  # the first driver is unaffected
+    first.shutdown()
+    # a clean shutdown gives the job up: the next driver starts at once
+    third = _coord(base)
+    bs = third.restore(client("job", base), "op", 1, materialization_interval=None)
+    assert bs[0].dump() == {"v": {"k": 1}}
+    third.shutdown()
+
+
+def test_a_dead_drivers_lease_is_taken_over(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    crashed = _coord(base)
+    crashed.restore(client("job", base), "op", 1)
+    crashed.abandon()  # dies in this process: pid alive, holder gone
+    after_crash = _coord(base)
+    after_crash.restore(client("job", base), "op", 1)
+    assert after_crash.incarnation.epoch > crashed.lease.incarnation.epoch
+    after_crash.shutdown()
+    # a driver process that was killed (its pid is gone) on this host
+    code = ("import sys, time; from dstl_ray.lease import JobLease; "
+            "JobLease(sys.argv[1]).acquire(renew=False); print('held', flush=True); "
+            "time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code, f"{base}/job"], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        alive = _coord(base)
+        with pytest.raises(JobLeaseError, match=f"pid {p.pid}"):
+            alive.restore(client("job", base), "op", 1)
+    finally:
+        p.kill()
+        p.wait()
+    taker = _coord(base)
+    taker.restore(client("job", base), "op", 1)
+    taker.shutdown()
+
+
+def test_an_expired_lease_is_taken_over_and_its_holder_is_fenced(tmp_path):
+    now = [1000.0]
+    url = f"file://{tmp_path}/dfs/job"
+    a = JobLease(url, ttl_s=10, clock=lambda: now[0])
+    inc_a = a.acquire(renew=False)
+    # on another host (the pid cannot be checked there)
+    rec = json.loads(get_storage(a.url).read_file(a.url))
+    get_storage(a.url).write_file(a.url, json.dumps({**rec, "host": "elsewhere"}).encode())
+    b = JobLease(url, ttl_s=10, clock=lambda: now[0])
+    with pytest.raises(JobLeaseError):
+        b.acquire(renew=False)
+    now[0] += 11  # a was paused past its TTL
+    inc_b = b.acquire(renew=False)
+    assert (inc_b.epoch, inc_b.holder) > (inc_a.epoch, inc_a.holder)
+    with pytest.raises(JobLeaseError, match="taken over"):
+        a.check()  # a wakes up: it must neither write nor delete
+    assert a.fenced and not a.held and b.held
+
+
+def test_a_fenced_coordinator_declines_and_deletes_nothing(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    a = _coord(base, retained=1, lease_ttl_s=0.6)
+    bs = a.restore(client("job", base), "op", 1, materialization_interval=None)
+    bs[0].value_state("v").update("k", 1)
+    first = a.trigger_checkpoint().result(timeout=30)
+    a.lease._stop.set()  # a is paused: no renewals
+    rec = json.loads(get_storage(a.lease.url).read_file(a.lease.url))
+    get_storage(a.lease.url).write_file(  # as seen from another host
+        a.lease.url, json.dumps({**rec, "host": "elsewhere"}).encode())
+    time.sleep(0.8)
+    b = _coord(base, retained=1)
+    b.restore(client("job", base), "op", 1, materialization_interval=None)
+    bs[0].value_state("v").update("k", 2)
+    with pytest.raises(d.CheckpointDeclinedError, match="fenced"):
+        a.trigger_checkpoint().result(timeout=30)
+    assert get_storage(first.metadata_url).exists(first.metadata_url)
+    assert all(get_storage(u).exists(u) for u in first.files.values())
+    b.shutdown()
+
+
+def test_incarnations_grow_after_the_job_directory_was_deleted(tmp_path):
+    url = f"file://{tmp_path}/dfs/job"
+    a = JobLease(url)
+    inc = a.acquire(renew=False)
+    a.abandon()
+    get_storage(url).delete(a.url)  # DELETE_ON_CANCELLATION and a wiped directory
+    b = JobLease(url)
+    assert b.acquire(renew=False).epoch > inc.epoch
+    b.release()
+
+
+def test_watermark_never_passes_a_checkpoint_that_may_still_complete(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    coord = _coord(base, retained=2)
+    b = coord.restore(client("job", base), "op", 1, materialization_interval=None)[0]
+    # a fresh coordinator may complete batch 0 (a Spark query's first micro-batch)
+    assert coord.subsumed_watermark() < 0
+    for batch in range(4):
+        b.value_state("v").update("k", batch)
+        coord.complete_checkpoint(batch, [b.snapshot(batch).result(timeout=30)])
+        assert coord.subsumed_watermark() < min(
+            c.checkpoint_id for c in coord.completed_checkpoints())
+    assert coord.subsumed_watermark() == 1
+    # batch 3 is replayed: checkpoint 3 completes again, so the watermark stays below it
+    coord.drop_checkpoints_from(3)
+    assert coord.subsumed_watermark() < 3
+    coord.drop_checkpoints_from(2)
+    assert coord.subsumed_watermark() < 2
+    coord.shutdown()
