@@ -103,11 +103,12 @@ class CheckpointCoordinator:
             if self.lease.incarnation is None:
                 inc = self.lease.acquire()
                 self.registry.guard = self.lease.check  # a fenced driver deletes nothing
-                # merged changelog files of this incarnation belong to the node actors
-                # that append to them (FLIP-306); those of earlier runs go by reference
-                # count, like any shared file
-                self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR,
-                                                        str(inc))], permanent=True)
+                # merged changelog files of this incarnation (and of writers that carry
+                # none, "_") belong to the node actors that append to them (FLIP-306);
+                # those of earlier runs go by reference count, like any shared file
+                self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR, d)
+                                                   for d in (str(inc), "_")],
+                                         permanent=True)
             return self.lease.incarnation  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ backends

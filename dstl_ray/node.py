@@ -227,6 +227,7 @@ class ChangelogNode:
                              "wait_s": round(self._budget.wait_s, 3) if self._budget else 0.0,
                              "peak_in_flight_bytes": self._budget.peak if self._budget else 0},
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
+            "pid": os.getpid(),
             "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "incarnation": self.incarnation,
             "metrics": self.metrics.to_dict(),
@@ -433,13 +434,18 @@ class ChangelogNode:
                                          return_exceptions=True))
 
     async def persist_batch(self, requests: list[PersistRequest], source: str,
-                            budget_s: float | None = None) -> list[Result]:
+                            budget_s: float | None = None, sent_at: float | None = None
+                            ) -> list[Result]:
         """A child's whole batch, as ONE request; resolves to one result per request: its
         segment, or why it failed. Jobs are independent: one job's refusal or DFS failure
         fails only that job's requests. ``budget_s``: how long the child waits for the
         answer; past it, nothing is written for the child (it flushes itself), and what
-        was written for it is released again."""
+        was written for it is released again. ``sent_at``: the child's wall clock when it
+        sent the batch, so time this actor spent paused (a stalled process) counts too;
+        the budget alone bounds it should our clocks disagree."""
         self.counters.requests_from_children += 1
+        if budget_s is not None and sent_at is not None:
+            budget_s = min(budget_s, sent_at + budget_s - time.time())
         out: list[Result | None] = [None] * len(requests)
         admitted: list[int] = []
         for i, r in enumerate(requests):  # each request still names its first sender
@@ -792,7 +798,8 @@ class ChangelogNode:
         """``target`` writes nothing for us after ``budget_s`` and releases what it wrote
         late; we wait a little longer for an answer already on its way."""
         segs = await asyncio.wait_for(
-            self._actor(target).persist_batch.remote(requests, self.name, budget_s),
+            self._actor(target).persist_batch.remote(requests, self.name, budget_s,
+                                                     time.time()),
             budget_s + REPLY_GRACE_S)
         if len(segs) != len(requests):
             raise DstlError(f"{target} returned {len(segs)} results for "

@@ -71,7 +71,7 @@ class Subtask:
     """One operator subtask: a backend counting keys; restored from ``restore_url``."""
 
     def __init__(self, job: str, index: int, restore_url: str | None, namespace: str,
-                 env: dict[str, str]) -> None:
+                 env: dict[str, str], incarnation: str = "") -> None:
         os.environ.update(env)
         from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient
         from dstl_ray.keygroups import key_group_range_for_subtask
@@ -82,7 +82,8 @@ class Subtask:
         sources = (assign_sources(load_checkpoint(restore_url), OP, PAR)[index]
                    if restore_url else [])
         self.b = ChangelogKeyedStateBackend(client, OP, key_group_range_for_subtask(
-            MAXP, PAR, index), MAXP, restore=sources, materialization_interval=1.5)
+            MAXP, PAR, index), MAXP, restore=sources, materialization_interval=1.5,
+            incarnation=incarnation)
         self.count = self.b.value_state("count")
         self.keys = subtask_keys(index)
 
@@ -155,7 +156,7 @@ class Harness:
 
     # ------------------------------------------------------------------ job
 
-    def start(self, job: str, restore: str | None) -> list[Any]:
+    def start(self, job: str, restore: str | None, incarnation: str = "") -> list[Any]:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -164,7 +165,7 @@ class Harness:
                            if n["Alive"] and n["NodeID"] not in self._removed)
             actors = [self.actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 nodes[(i + 1) % len(nodes)], soft=True)).remote(job, i, restore, self.ns,
-                                                                 self.env)
+                                                                 self.env, incarnation)
                 for i in range(PAR)]
             try:
                 ray.get([a.rss_kb.remote() for a in actors], timeout=120)
@@ -224,7 +225,7 @@ class Harness:
 
         oracle = Oracle(self.seed)
         coord = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
-        actors = self.start(job, None)
+        actors = self.start(job, None, str(coord.incarnation))
         res: dict[str, Any] = {"job": job, "storage": self.base.split(":")[0],
                                "faults_by_kind": Counter(), "recoveries": 0,
                                "checkpoints_completed": 0, "checkpoints_declined": 0,
@@ -274,11 +275,13 @@ class Harness:
             nonlocal actors, applied, coord
             self.kill(actors)
             if new_coordinator:
+                coord.abandon()  # the driver dies with its subtasks
                 coord = CheckpointCoordinator(job, self.base, max_parallelism=MAXP,
                                               retained=2)
                 coord.restore(None, OP, 0)  # load retained checkpoints, clean orphans
             latest = coord.latest_checkpoint()
-            actors = self.start(job, latest.metadata_url if latest else None)
+            actors = self.start(job, latest.metadata_url if latest else None,
+                                str(coord.incarnation))
             applied = latest.checkpoint_id if latest else 0
             res["recoveries"] += 1
 
@@ -322,10 +325,11 @@ class Harness:
         finally:
             self.kill(actors)
         # a new coordinator cleans up; storage must hold exactly the retained files
+        coord.abandon()
         final = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
         final.restore(None, OP, 0)
         keep = {u for c in final.completed_checkpoints() for u in c.files.values()}
-        keep |= {c.metadata_url for c in final.completed_checkpoints()}
+        keep |= {c.metadata_url for c in final.completed_checkpoints()} | {final.lease.url}
         have = set(list_job_files(self.base, job))
         res["leaked_files"] = len(have - keep)
         res["missing_files"] = len(keep - have)
