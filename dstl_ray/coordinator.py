@@ -107,8 +107,7 @@ class CheckpointCoordinator:
                 # none, "_") belong to the node actors that append to them (FLIP-306);
                 # those of earlier runs go by reference count, like any shared file
                 self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR, d)
-                                                   for d in (str(inc), "_")],
-                                         permanent=True)
+                                                   for d in (str(inc), "_")])
             return self.lease.incarnation  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ backends

@@ -205,6 +205,13 @@ class FilePool:
             self.watermark = watermark
         self._collect()
 
+    def size(self) -> int:
+        """Files tracked, and the pieces (segments, flushes) they hold."""
+        with self._cond:
+            return len(self._files) + sum(len(getattr(f, "segments", None) or
+                                              getattr(f, "flushes", None) or ())
+                                          for f in self._files.values())
+
     def abandon(self) -> None:
         """Forget every file without deleting any: they belong to someone else now (a node's
         merged files of a job's earlier incarnation go by the new run's reference counts)."""

@@ -82,6 +82,9 @@ class JobNamespaces:
         b = self._bindings.get(job_id)
         return b.namespace if b else None
 
+    def size(self) -> int:
+        return len(self._bindings) + sum(len(b.ray_jobs) for b in self._bindings.values())
+
     def forget(self, job_id: str) -> None:
         """The job is gone from this node (idle for long): its next caller binds it anew."""
         self._bindings.pop(job_id, None)

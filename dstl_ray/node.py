@@ -37,6 +37,15 @@ from .upload import Uploader
 
 log = logging.getLogger(__name__)
 
+def current_rss_kb() -> int:
+    """Resident set size now (``ru_maxrss`` is the peak), from /proc where there is one."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 REGISTRATION_TIMEOUT_S = 5.0  # an upstream's (un)register_source call, at most
 REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
 JOB_IDLE_S = 3600.0  # a job unheard of for this long (and without writers) is forgotten
@@ -227,11 +236,24 @@ class ChangelogNode:
                              "wait_s": round(self._budget.wait_s, 3) if self._budget else 0.0,
                              "peak_in_flight_bytes": self._budget.peak if self._budget else 0},
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
-            "pid": os.getpid(),
+            "pid": os.getpid(), "rss_kb": current_rss_kb(),
+            "entries": self._entries(),
             "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "incarnation": self.incarnation,
             "metrics": self.metrics.to_dict(),
         }
+
+    def _entries(self) -> dict[str, int]:
+        """Sizes of the per-job, per-writer and per-file tables (nothing may grow without
+        bound over a long run: the soak experiment samples these)."""
+        return {"writers": len(self._writers), "children": len(self._children),
+                "last_seen": len(self._last_seen), "jobs": len(self._job_seen),
+                "ckpt_seen": sum(len(v) for v in self._ckpt_seen.values()),
+                "sent_for": len(self._sent_for), "marked_up": len(self._marked_up),
+                "incarnations": len(self._incarnations),
+                "namespaces": self._namespaces.size(), "files": len(self._files),
+                "merged_files": sum(ff.size() for ff in self._flush_files.values()),
+                "handles": len(self._handles)}
 
     async def set_parent(self, parent: str | None, level: int, index: int | None = None,
                          height: int | None = None) -> None:

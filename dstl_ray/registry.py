@@ -50,9 +50,6 @@ class SharedStateRegistry:
         self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
         self._protected: set[str] = set()
         self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
-        # owners whose claims last as long as the registry (node-owned merged changelog files
-        # of this incarnation): unreferenced names there are forgotten, not kept for later
-        self._permanent: set[str] = set()
         # the most recent deletions (bounded: a long run deletes without end)
         self.deleted: collections.deque[str] = collections.deque(maxlen=1000)
         self.deleted_count = 0
@@ -124,15 +121,13 @@ class SharedStateRegistry:
 
     # ------------------------------------------------------------------ claimed directories
 
-    def set_claims(self, owner: str, directories: Iterable[str], permanent: bool = False
-                   ) -> None:
+    def set_claims(self, owner: str, directories: Iterable[str]) -> None:
         """Replace the directories ``owner`` claims (URLs); files there are not ours to
         delete. Files of directories no longer claimed become candidates if unreferenced.
-        ``permanent``: the claim never ends while this registry lives, so names there that
-        nothing references any more are forgotten (a long run names ever new files)."""
+        A claimed file nothing references any more is forgotten: its owner deletes it (a
+        long run names ever new files); should the owner die first, the orphan cleanup of
+        the next recovery does."""
         with self._lock:
-            if permanent:
-                self._permanent.add(owner)
             new = frozenset(d.rstrip("/") + "/" for d in directories)
             if new:
                 self._claims[owner] = new
@@ -161,13 +156,18 @@ class SharedStateRegistry:
                 and name not in self._protected and name in self._urls):
             if not self._claimed(name):
                 self._candidates[name] = self._last_started
-            elif self._permanently_claimed(name):
+            else:
                 del self._urls[name]  # its owner deletes it; nothing here needs the name
 
-    def _permanently_claimed(self, name: str) -> bool:
-        url = self._urls[name]
-        return any(url.startswith(p) for o in self._permanent
-                   for p in self._claims.get(o, ()))
+    def size(self) -> dict[str, int]:
+        """Sizes of its tables (a long run must not grow them without bound)."""
+        with self._lock:
+            return {"refs": len(self._refs), "urls": len(self._urls),
+                    "checkpoints": len(self._by_checkpoint),
+                    "pins": sum(len(p) for p in self._pins.values()),
+                    "pending": len(self._pending), "candidates": len(self._candidates),
+                    "protected": len(self._protected), "claims": len(self._claims),
+                    "deleted": len(self.deleted)}
 
     def reference_count(self, name: str) -> int:
         with self._lock:
