@@ -18,6 +18,19 @@ taken (every subtask's snapshot, then ``complete_checkpoint``). Fault kinds:
 * ``coordinator_restart``: the coordinator dies before or right after writing a checkpoint's
   metadata; a new one loads the retained checkpoints from storage, cleans orphans and the job
   restarts from the latest (Flink: JobManager failover).
+* ``rescale``: the job is restored at another parallelism (2, 3, 6 or 8), by the same
+  coordinator or a new one (with file merging, each new subtask writes its own copy at once);
+* ``job_restart``: the job is cancelled with DELETE_ON_CANCELLATION and started again under
+  the same id (checkpoint ids start at 1 again; the nodes knew the old run);
+* ``stall``: an ancestor node actor's process is paused (SIGSTOP) for 1-4 s while a
+  checkpoint runs: its children's deadlines pass, they flush themselves; once resumed it must
+  write nothing for them, or release what it wrote;
+* ``big_request``: one subtask's persist request holds a single change of 10 MB.
+
+Every episode runs a second job on the same tree (``Bystander``) checkpointing every 0.3 s
+all along: DFS faults are aimed at the episode's job only (its path), and the other job must
+see 0 declined checkpoints outside tree-wide faults (node kill, removal, stall), lose nothing
+and leak nothing (``other_job_*`` in the results).
 
 A failover restores every subtask from the latest completed checkpoint and replays the rounds
 after it. After every fault and every clean round: the live state equals the oracle, the
@@ -37,20 +50,26 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .common import machine, parser, plt, write_results
 
 KINDS = ("node_kill", "node_removal", "writer_kill", "dfs_5xx", "dfs_timeout", "dfs_slow",
-         "dfs_torn", "lost_ack", "coordinator_restart")
-FAILOVER = {"node_removal", "writer_kill", "coordinator_restart"}
+         "dfs_torn", "lost_ack", "coordinator_restart", "rescale", "job_restart", "stall",
+         "big_request")
+FAILOVER = {"node_removal", "writer_kill", "coordinator_restart", "rescale", "job_restart"}
+# faults that hit the whole tree, not one job: another job's checkpoints may fail meanwhile
+TREE_WIDE = {"node_kill", "node_removal", "stall"}
 OP, MAXP, PAR, KEYS, UPDATES = "count", 128, 4, 2000, 400
+BIG_REQUEST = 10 * 1024 * 1024 + 4096  # bytes of one subtask's request in ``big_request``
 
 
 def subtask_keys(index: int) -> list[int]:
@@ -68,29 +87,49 @@ def round_keys(seed: int, index: int, rnd: int, keys: list[int]) -> list[int]:
 
 
 class Subtask:
-    """One operator subtask: a backend counting keys; restored from ``restore_url``."""
+    """One operator subtask at ``parallelism``: a backend counting keys; restored from
+    ``restore_url``. The updates of a round are those of the ``PAR`` logical partitions the
+    oracle knows, each applied by whichever subtask owns the key now (rescaling keeps them)."""
 
     def __init__(self, job: str, index: int, restore_url: str | None, namespace: str,
-                 env: dict[str, str], incarnation: str = "") -> None:
+                 env: dict[str, str], incarnation: str = "", parallelism: int = PAR) -> None:
         os.environ.update(env)
-        from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient
+        from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient, assign_key_group
         from dstl_ray.keygroups import key_group_range_for_subtask
         from dstl_ray.recovery import assign_sources, load_checkpoint
 
         self.index = index
         client = StateChangelogClient(job, namespace=namespace)
-        sources = (assign_sources(load_checkpoint(restore_url), OP, PAR)[index]
+        sources = (assign_sources(load_checkpoint(restore_url), OP, parallelism)[index]
                    if restore_url else [])
-        self.b = ChangelogKeyedStateBackend(client, OP, key_group_range_for_subtask(
-            MAXP, PAR, index), MAXP, restore=sources, materialization_interval=1.5,
-            incarnation=incarnation)
+        kgr = key_group_range_for_subtask(MAXP, parallelism, index)
+        self.b = ChangelogKeyedStateBackend(client, OP, kgr, MAXP, restore=sources,
+                                            materialization_interval=1.5,
+                                            incarnation=incarnation)
         self.count = self.b.value_state("count")
-        self.keys = subtask_keys(index)
+        self.keys = [subtask_keys(i) for i in range(PAR)]
+        self.mine = [{k for k in ks if kgr.start <= assign_key_group(k, MAXP) <= kgr.end}
+                     for ks in self.keys]
 
     def apply(self, seed: int, rnd: int) -> int:
-        for k in round_keys(seed, self.index, rnd, self.keys):
-            self.count.update(k, self.count.value(k, 0) + 1)
-        return UPDATES
+        n = 0
+        for i, own in enumerate(self.mine):
+            if own:
+                for k in round_keys(seed, i, rnd, self.keys[i]):
+                    if k in own:
+                        self.count.update(k, self.count.value(k, 0) + 1)
+                        n += 1
+        return n
+
+    def blob(self, nbytes: int) -> None:
+        """A state change of ``nbytes`` (one value): the next persist request is that big
+        (0: clear it again)."""
+        blob = self.b.value_state("blob")
+        key = min(k for own in self.mine for k in own)  # a key of this subtask's range
+        if nbytes:
+            blob.update(key, os.urandom(nbytes))
+        else:
+            blob.clear(key)
 
     def snapshot(self, checkpoint_id: int, watermark: int = -1) -> str:
         self.b.notify_checkpoint_subsumed(watermark)  # with the barrier, as Spark's tasks
@@ -125,6 +164,10 @@ class Oracle:
         self.keys = [subtask_keys(i) for i in range(PAR)]
         self._after: dict[int, Counter] = {0: Counter()}
 
+    def between(self, base: int, rnd: int) -> Counter:
+        """The counts of a job (re)started from nothing after round ``base``."""
+        return self.after(rnd) - self.after(base) if base else self.after(rnd)
+
     def after(self, rnd: int) -> Counter:
         if rnd not in self._after:
             c = Counter(self.after(rnd - 1))
@@ -132,6 +175,91 @@ class Oracle:
                 c.update(round_keys(self.seed, i, rnd, self.keys[i]))
             self._after[rnd] = c
         return self._after[rnd]
+
+
+@dataclass
+class _Episode:
+    """What a fault needs of the running episode."""
+
+    job: str
+    actors: Any  # () -> the live subtask actors
+    checkpoint: Any  # (round, drop_acks=False) -> completed?
+    failover: Any  # (new_coordinator, parallelism=None, restart=False) -> None
+    parallelism: Any  # () -> the current parallelism
+
+
+class Bystander:
+    """Another job on the same tree, checkpointing all along an episode (design: "Many
+    jobs, one tree"): faults aimed at the episode's job must never decline its checkpoints,
+    lose its changes or touch its files. Declines while a tree-wide fault (a node killed,
+    removed or stalled) is going on are not counted against isolation."""
+
+    def __init__(self, harness: Any, job: str) -> None:
+        from dstl_ray import CheckpointCoordinator
+
+        self.h, self.job = harness, job
+        self.seed = harness.seed + 1000
+        self.coord = CheckpointCoordinator(job, harness.base, max_parallelism=MAXP, retained=2)
+        self.actors = harness.start(job, None, str(self.coord.incarnation), parallelism=1)
+        self.oracle = Oracle(self.seed)
+        self.applied = 0
+        self.completed = 0
+        self.declines: list[tuple[float, float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bystander")
+        self._thread.start()
+
+    def _run(self) -> None:
+        import ray
+
+        from dstl_ray.snapshot import KeyedStateSnapshot
+
+        while not self._stop.is_set():
+            t0 = time.time()
+            try:
+                ray.get(self.actors[0].apply.remote(self.seed, self.applied + 1), timeout=60)
+                self.applied += 1
+                snap = ray.get(self.actors[0].snapshot.remote(
+                    self.applied, self.coord.subsumed_watermark()), timeout=60)
+                self.coord.complete_checkpoint(self.applied, [KeyedStateSnapshot.from_dict(
+                    json.loads(snap), self.coord.base_path)])
+                self.completed += 1
+            except Exception as e:  # noqa: BLE001 - counted; a dead subtask is restored
+                self.declines.append((t0, time.time(), f"{type(e).__name__}: {e}"[:300]))
+                if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)):
+                    self.h.kill(self.actors)
+                    latest = self.coord.latest_checkpoint()
+                    self.actors = self.h.start(self.job, latest.metadata_url if latest else None,
+                                               str(self.coord.incarnation), parallelism=1)
+                    self.applied = latest.checkpoint_id if latest else 0
+            self._stop.wait(0.3)
+
+    def stop(self, log: Any) -> dict[str, Any]:
+        import ray
+
+        self._stop.set()
+        self._thread.join(timeout=180)
+        got = ray.get(self.actors[0].dump.remote(), timeout=120)
+        lost = differences(got, self.oracle.after(self.applied))
+        latest = self.coord.latest_checkpoint()
+        if latest is not None:
+            lost += differences(restore_in_driver(self.job, self.h.base, latest.metadata_url),
+                                self.oracle.after(latest.checkpoint_id))
+        self.h.kill(self.actors)
+        self.coord.abandon()
+        files = self.h.final_files(self.job)
+
+        def tree_wide(t0: float, t1: float) -> bool:
+            return any(t0 < b + 3.0 and t1 > a - 1.0 for a, b in self.h.tree_wide)
+
+        counted = [d for d in self.declines if not tree_wide(d[0], d[1])]
+        for d in counted:
+            log(f"    OTHER JOB declined: {d[2][:200]}")
+        return {"other_job_checkpoints": self.completed,
+                "other_job_declines": len(counted),
+                "other_job_declines_tree_wide": len(self.declines) - len(counted),
+                "other_job_lost": lost, "other_job_leaked_files": files["leaked_files"],
+                "other_job_missing_files": files["missing_files"]}
 
 
 def differences(got: dict[int, int], want: Counter) -> int:
@@ -153,10 +281,12 @@ class Harness:
         self.actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(Subtask)
         self.peak_rss_kb = {"node_actors": 0, "subtasks": 0}
         self._removed: list[str] = []  # node ids removed from the cluster
+        self.tree_wide: list[tuple[float, float]] = []  # when tree-wide faults went on
 
     # ------------------------------------------------------------------ job
 
-    def start(self, job: str, restore: str | None, incarnation: str = "") -> list[Any]:
+    def start(self, job: str, restore: str | None, incarnation: str = "",
+              parallelism: int = PAR) -> list[Any]:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -165,8 +295,9 @@ class Harness:
                            if n["Alive"] and n["NodeID"] not in self._removed)
             actors = [self.actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 nodes[(i + 1) % len(nodes)], soft=True)).remote(job, i, restore, self.ns,
-                                                                 self.env, incarnation)
-                for i in range(PAR)]
+                                                                 self.env, incarnation,
+                                                                 parallelism)
+                for i in range(parallelism)]
             try:
                 ray.get([a.rss_kb.remote() for a in actors], timeout=120)
                 return actors
@@ -220,19 +351,27 @@ class Harness:
     def episode(self, job: str, schedule: list[str], log: Any) -> dict[str, Any]:
         import ray
 
-        from dstl_ray import CheckpointCoordinator
+        from dstl_ray import CheckpointCoordinator, CheckpointRetention
         from dstl_ray.snapshot import KeyedStateSnapshot
 
+        def coordinator() -> Any:
+            return CheckpointCoordinator(
+                job, self.base, max_parallelism=MAXP, retained=2,
+                retention=CheckpointRetention.DELETE_ON_CANCELLATION)
+
         oracle = Oracle(self.seed)
-        coord = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
+        other = Bystander(self, job + "-other")
+        coord = coordinator()
         actors = self.start(job, None, str(coord.incarnation))
         res: dict[str, Any] = {"job": job, "storage": self.base.split(":")[0],
                                "faults_by_kind": Counter(), "recoveries": 0,
                                "checkpoints_completed": 0, "checkpoints_declined": 0,
                                "changes_verified": 0, "changes_lost": 0,
                                "clean_checkpoint_failures": 0, "clean_checkpoint_retries": 0,
-                               "max_buffered_bytes": 0}
+                               "max_buffered_bytes": 0, "parallelisms": [PAR]}
         applied = 0  # rounds applied to the live subtasks
+        base = 0  # the round after which the job last started from nothing (job_restart)
+        par = PAR
 
         def apply_to(rnd: int) -> None:
             nonlocal applied
@@ -240,27 +379,15 @@ class Harness:
                 applied += 1
                 ray.get([a.apply.remote(self.seed, applied) for a in actors], timeout=120)
 
-        def checkpoint(cid: int, drop_acks: bool = False) -> bool:
+        def checkpoint(rnd: int, drop_acks: bool = False) -> bool:
+            cid = rnd - base  # a restarted job numbers its checkpoints from 1 again
             try:
                 wm = coord.subsumed_watermark()
                 snaps = ray.get([a.snapshot.remote(cid, wm) for a in actors], timeout=120)
             except Exception as e:  # noqa: BLE001 - declined: writers keep their changes
                 log(f"    checkpoint {cid} declined: {type(e).__name__}: {str(e)[:120]}")
                 if "Timeout" in type(e).__name__ or "TimeoutError" in str(e)[:300]:
-                    log("    nodes: " + json.dumps([{k: s.get(k) for k in (
-                        "name", "pending_requests", "buffered_bytes", "in_flight_bytes",
-                        "writers", "children", "batch_triggers", "waits_for_late", "upload")}
-                        for s in self.live_status()]))
-                    for a in actors:
-                        try:
-                            d = ray.get(a.debug.remote(), timeout=10)
-                            stacks = d.pop("stacks")
-                            log(f"    subtask {json.dumps(d)}")
-                            for k, st in stacks.items():
-                                if "dstl_ray" in st:
-                                    log(f"      thread {k}:\n{st}")
-                        except Exception as e2:  # noqa: BLE001
-                            log(f"    debug failed {e2}")
+                    self._debug(actors, log)
                 res["checkpoints_declined"] += 1
                 return False
             if drop_acks:
@@ -271,35 +398,44 @@ class Harness:
             res["checkpoints_completed"] += 1
             return True
 
-        def failover(new_coordinator: bool) -> None:
-            nonlocal actors, applied, coord
+        def failover(new_coordinator: bool, parallelism: int | None = None,
+                     restart: bool = False) -> None:
+            nonlocal actors, applied, coord, base, par
             self.kill(actors)
-            if new_coordinator:
+            if restart:  # cancelled (DELETE_ON_CANCELLATION) and started under the same id
+                coord.shutdown(cancel=True)
+                coord = coordinator()
+                base = applied
+            elif new_coordinator:
                 coord.abandon()  # the driver dies with its subtasks
-                coord = CheckpointCoordinator(job, self.base, max_parallelism=MAXP,
-                                              retained=2)
+                coord = coordinator()
+            if restart or new_coordinator:
                 coord.restore(None, OP, 0)  # load retained checkpoints, clean orphans
+            par = parallelism or par
+            res["parallelisms"].append(par)
             latest = coord.latest_checkpoint()
             actors = self.start(job, latest.metadata_url if latest else None,
-                                str(coord.incarnation))
-            applied = latest.checkpoint_id if latest else 0
+                                str(coord.incarnation), par)
+            applied = base + (latest.checkpoint_id if latest else 0)
             res["recoveries"] += 1
 
         def verify(where: str) -> None:
             got: dict[int, int] = {}
             for d in ray.get([a.dump.remote() for a in actors], timeout=120):
                 got.update(d)
-            lost = differences(got, oracle.after(applied))
+            lost = differences(got, oracle.between(base, applied))
             latest = coord.latest_checkpoint()
             if latest is not None:
                 restored = restore_in_driver(job, self.base, latest.metadata_url)
-                want = oracle.after(latest.checkpoint_id)
+                want = oracle.between(base, base + latest.checkpoint_id)
                 lost += differences(restored, want)
                 res["changes_verified"] += sum(want.values())
             res["changes_lost"] += lost
             if lost:
                 log(f"    LOST {lost} changes ({where})")
 
+        ctx = _Episode(job, actors=lambda: actors, checkpoint=checkpoint, failover=failover,
+                       parallelism=lambda: par)
         rnd = 0
         try:
             for kind in schedule:
@@ -307,7 +443,10 @@ class Harness:
                 apply_to(rnd)
                 res["faults_by_kind"][kind] += 1
                 log(f"  round {rnd}: {kind}")
-                self.inject(kind, rnd, actors, checkpoint, failover)
+                t0 = time.time()
+                self.inject(kind, rnd, ctx)
+                if kind in TREE_WIDE:  # another job may fail meanwhile
+                    self.tree_wide.append((t0, time.time() + 1.0))
                 apply_to(rnd)
                 verify(f"after {kind}")
                 rnd += 1  # a round without faults: a checkpoint must complete soon (as in
@@ -324,31 +463,56 @@ class Harness:
                 res["max_buffered_bytes"] = max(res["max_buffered_bytes"], buffered)
         finally:
             self.kill(actors)
-        # a new coordinator cleans up; storage must hold exactly the retained files
-        coord.abandon()
+            coord.abandon()
+            res.update(other.stop(log))
+        res.update(self.final_files(job))
+        res["faults_by_kind"] = dict(res["faults_by_kind"])
+        return res
+
+    def final_files(self, job: str) -> dict[str, int]:
+        """A new coordinator cleans up; storage must hold exactly the retained files."""
+        from dstl_ray import CheckpointCoordinator
+
         final = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
         final.restore(None, OP, 0)
         keep = {u for c in final.completed_checkpoints() for u in c.files.values()}
         keep |= {c.metadata_url for c in final.completed_checkpoints()} | {final.lease.url}
         have = set(list_job_files(self.base, job))
-        res["leaked_files"] = len(have - keep)
-        res["missing_files"] = len(keep - have)
-        res["faults_by_kind"] = dict(res["faults_by_kind"])
-        return res
+        final.shutdown()
+        return {"leaked_files": len(have - keep), "missing_files": len(keep - have)}
+
+    def _debug(self, actors: list[Any], log: Any) -> None:
+        import ray
+
+        log("    nodes: " + json.dumps([{k: s.get(k) for k in (
+            "name", "pending_requests", "buffered_bytes", "in_flight_bytes",
+            "writers", "children", "batch_triggers", "waits_for_late", "upload")}
+            for s in self.live_status()]))
+        for a in actors:
+            try:
+                d = ray.get(a.debug.remote(), timeout=10)
+                stacks = d.pop("stacks")
+                log(f"    subtask {json.dumps(d)}")
+                for k, st in stacks.items():
+                    if "dstl_ray" in st:
+                        log(f"      thread {k}:\n{st}")
+            except Exception as e2:  # noqa: BLE001
+                log(f"    debug failed {e2}")
 
     # ------------------------------------------------------------------ faults
 
-    def inject(self, kind: str, rnd: int, actors: list[Any], checkpoint: Any,
-               failover: Any) -> None:
+    def inject(self, kind: str, rnd: int, ep: _Episode) -> None:
         import ray
 
         rng = self.rng
+        actors, checkpoint, failover = ep.actors(), ep.checkpoint, ep.failover
         during = rng.random() < 0.5  # before the checkpoint, or while it runs
         if kind.startswith("dfs_"):
             n = rng.choice([1, 2, 3, 3])  # 3 = every attempt of an upload fails
             script = {"dfs_5xx": ["5xx"] * n, "dfs_timeout": ["timeout"] * n,
                       "dfs_torn": ["torn"] * n, "dfs_slow": [f"slow:{rng.uniform(0.1, 0.4):.2f}"]}
-            self.set_faults(json.dumps({"script": script[kind], "match": ".dstl",
+            # aimed at this job's changelog files only: other jobs on the tree never notice
+            self.set_faults(json.dumps({"script": script[kind], "match": f"/{ep.job}/",
                                         "hang_s": 1.0, "seed": rnd}))
             try:
                 checkpoint(rnd)
@@ -359,11 +523,28 @@ class Harness:
             checkpoint(rnd, drop_acks=True)
             return
         if kind == "coordinator_restart":
-            if during:  # dies before writing the metadata: the checkpoint never completes
-                ray.get([a.snapshot.remote(rnd) for a in actors], timeout=120)
-            else:  # dies right after completing it
-                checkpoint(rnd)
+            # dies before writing the metadata (the checkpoint never completes), or right
+            # after completing it
+            checkpoint(rnd, drop_acks=during)
             failover(new_coordinator=True)
+            return
+        if kind == "rescale":  # restored at another parallelism (by a new driver, or not)
+            checkpoint(rnd)
+            failover(new_coordinator=during, parallelism=rng.choice(
+                [p for p in (2, 3, 6, 8) if p != ep.parallelism()]))
+            return
+        if kind == "job_restart":  # cancelled with DELETE_ON_CANCELLATION, same id again
+            checkpoint(rnd)
+            failover(new_coordinator=True, restart=True)
+            return
+        if kind == "big_request":  # one subtask's persist request is >= 10 MB
+            a = rng.choice(actors)
+            ray.get(a.blob.remote(BIG_REQUEST), timeout=120)
+            checkpoint(rnd)
+            ray.get(a.blob.remote(0), timeout=120)
+            return
+        if kind == "stall":
+            self._stall(rng.uniform(1.0, 4.0), lambda: checkpoint(rnd))
             return
         victim = self._victim(kind, actors)
         if during:
@@ -379,6 +560,24 @@ class Harness:
             self._replace_node()
         if kind in FAILOVER:
             failover(new_coordinator=False)
+
+    def _stall(self, seconds: float, work: Any) -> None:
+        """Pause an ancestor node actor's process (SIGSTOP) for ``seconds`` while ``work``
+        runs: its children's deadlines pass, they flush themselves, and the ancestor, once
+        it runs again, must write nothing for them (or release what it wrote)."""
+        ancestors = [s for s in self.live_status() if s.get("children") and s.get("pid")]
+        if not ancestors:
+            work()
+            return
+        victim = self.rng.choice(ancestors)
+        os.kill(victim["pid"], signal.SIGSTOP)
+        resume = threading.Timer(seconds, os.kill, (victim["pid"], signal.SIGCONT))
+        resume.start()
+        try:
+            work()
+        finally:
+            resume.cancel()
+            os.kill(victim["pid"], signal.SIGCONT)
 
     def _victim(self, kind: str, actors: list[Any]) -> Any:
         import ray
@@ -538,7 +737,9 @@ def report(args: Any, episodes: list[dict[str, Any]], seconds: float) -> None:
     totals = {k: sum(r[k] for r in episodes) for k in (
         "recoveries", "checkpoints_completed", "checkpoints_declined", "changes_verified",
         "changes_lost", "leaked_files", "missing_files", "clean_checkpoint_failures",
-        "clean_checkpoint_retries")}
+        "clean_checkpoint_retries", "other_job_checkpoints", "other_job_declines",
+        "other_job_declines_tree_wide", "other_job_lost", "other_job_leaked_files",
+        "other_job_missing_files")}
     data = {"seed": args.seed, "quick": args.quick, "seconds": round(seconds, 1),
             "faults_injected": sum(by_kind.values()), "faults_by_kind": dict(by_kind),
             **totals,
@@ -558,12 +759,16 @@ def report(args: Any, episodes: list[dict[str, Any]], seconds: float) -> None:
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     write_results("chaos", data, fig, args.out)
+    print(f"[chaos] other job: {totals['other_job_checkpoints']} checkpoints, "
+          f"{totals['other_job_declines']} declined", flush=True)
     print(f"[chaos] {data['faults_injected']} faults, {totals['recoveries']} recoveries, "
           f"{totals['checkpoints_completed']} checkpoints, {totals['changes_verified']:,} "
           f"changes verified, {totals['changes_lost']} lost, {totals['leaked_files']} leaked, "
           f"{totals['missing_files']} missing", flush=True)
     if (totals["changes_lost"] or totals["leaked_files"] or totals["missing_files"]
-            or totals["clean_checkpoint_failures"]):
+            or totals["clean_checkpoint_failures"] or totals["other_job_declines"]
+            or totals["other_job_lost"] or totals["other_job_leaked_files"]
+            or totals["other_job_missing_files"]):
         raise SystemExit("chaos FAILED")
 
 

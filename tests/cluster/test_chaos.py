@@ -33,6 +33,10 @@ def _check(episode: dict) -> None:
     assert episode["leaked_files"] == 0 and episode["missing_files"] == 0, episode
     assert episode["clean_checkpoint_failures"] == 0, episode
     assert episode["changes_verified"] > 0 and episode["checkpoints_completed"] >= 1, episode
+    # another job on the same tree: faults aimed at this one never reach it
+    assert episode["other_job_checkpoints"] >= 1, episode
+    assert episode["other_job_declines"] == 0 and episode["other_job_lost"] == 0, episode
+    assert episode["other_job_leaked_files"] == 0 == episode["other_job_missing_files"], episode
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -57,8 +61,9 @@ def test_dfs_faults_on_s3(chaos_run):
 
 def test_merged_files_under_faults(tmp_path):
     """FLIP-306 across checkpoints (nodes append flushes, subtasks append materializations)
-    under node kills, writer kills, torn appends and coordinator restarts."""
-    kinds = "node_kill,writer_kill,dfs_torn,coordinator_restart"
+    under node kills, writer kills, torn appends, coordinator restarts, rescales and a job
+    restarted under its id after DELETE_ON_CANCELLATION."""
+    kinds = "node_kill,writer_kill,dfs_torn,coordinator_restart,rescale,job_restart"
     proc = subprocess.run([sys.executable, "-m", "experiments.chaos", "--quick", "--seed", "3",
                            "--storage", "file", "--kinds", kinds, "--file-merging",
                            "across_checkpoints", "--out", str(tmp_path)], cwd=ROOT,
