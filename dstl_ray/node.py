@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import resource
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -237,6 +238,7 @@ class ChangelogNode:
                              "peak_in_flight_bytes": self._budget.peak if self._budget else 0},
             "raylet_pid": self.raylet_pid, "uptime_s": round(time.time() - self.started, 1),
             "pid": os.getpid(), "rss_kb": current_rss_kb(),
+            "py_blocks": sys.getallocatedblocks(),
             "entries": self._entries(),
             "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             "incarnation": self.incarnation,

@@ -5,7 +5,8 @@ long run").
 Three subtasks (Ray actors, one per Ray node) update a fixed key set (the state size stays
 constant), and each checkpoint is one round: every subtask applies its updates and snapshots,
 the driver completes the checkpoint (``complete_checkpoint``, as the Spark operator does).
-Materialization runs every ``--mat-interval`` seconds, merged files across checkpoints are on
+Materialization runs every ``--mat-every`` checkpoints (by count, so the work per checkpoint
+does not depend on how fast checkpoints are), merged files across checkpoints are on
 (materialized state and node changelog files). Every ``--sample-every`` checkpoints the run
 samples: node actor RSS and table sizes (writers, sources, per-job entries, merged files,
 namespace bindings), subtask RSS and backend tables, driver RSS, the shared state registry's
@@ -39,7 +40,7 @@ PAR = 3
 class Subtask:
     """One subtask: a fixed key set, ``updates`` of them rewritten per checkpoint."""
 
-    def __init__(self, index: int, keys: int, updates: int, mat_interval: float,
+    def __init__(self, index: int, keys: int, updates: int, mat_every: int,
                  incarnation: str) -> None:
         from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient, assign_key_group
         from dstl_ray.keygroups import key_group_range_for_subtask
@@ -47,7 +48,8 @@ class Subtask:
         kgr = key_group_range_for_subtask(MAXP, PAR, index)
         self.b = ChangelogKeyedStateBackend(
             StateChangelogClient(JOB, namespace=NS), "op", kgr, MAXP,
-            materialization_interval=mat_interval, incarnation=incarnation)
+            materialization_interval=None, incarnation=incarnation)
+        self.mat_every = mat_every
         self.keys = [k for k in range(keys) if kgr.start <= assign_key_group(k, MAXP) <= kgr.end]
         self.state = self.b.value_state("v")
         self.rng = random.Random(index)
@@ -60,6 +62,8 @@ class Subtask:
             k = self.rng.choice(self.keys)
             self.state.update(k, checkpoint_id)  # same size: the state never grows
         self.b.notify_checkpoint_subsumed(watermark)
+        if checkpoint_id % self.mat_every == 0:  # by count: the same work at any speed
+            self.b.materialize()
         return json.dumps(self.b.snapshot(checkpoint_id).result(timeout=120).to_dict())
 
     def stats(self) -> dict[str, Any]:
@@ -90,7 +94,7 @@ def main() -> None:
     p.add_argument("--checkpoints", type=int, default=0)
     p.add_argument("--keys", type=int, default=30_000)
     p.add_argument("--updates", type=int, default=300, help="per subtask and checkpoint")
-    p.add_argument("--mat-interval", type=float, default=2.0)
+    p.add_argument("--mat-every", type=int, default=40, help="checkpoints per materialization")
     p.add_argument("--sample-every", type=int, default=0)
     p.add_argument("--warmup", type=float, default=0.2)
     args = p.parse_args()
@@ -120,7 +124,7 @@ def main() -> None:
         actor = ray.remote(num_cpus=0)(Subtask)
         subtasks = [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
             nodes[i % len(nodes)], soft=False)).remote(
-                i, args.keys, args.updates, args.mat_interval, str(coord.incarnation))
+                i, args.keys, args.updates, args.mat_every, str(coord.incarnation))
             for i in range(PAR)]
         print(f"[soak] {n} checkpoints, {args.keys} keys, {args.updates} updates per subtask "
               f"and checkpoint, sample every {every}", flush=True)
@@ -159,6 +163,7 @@ def _sample(cid: int, tree: Any, subtasks: list[Any], coord: Any, base: str,
     node_entries = sum(sum(s["entries"].values()) for s in st)
     return {"checkpoint": cid, "t": time.time(),
             "node_rss_mb": round(max(s["rss_kb"] for s in st) / 1024, 1),
+            "node_py_blocks": max(s["py_blocks"] for s in st),
             "subtask_rss_mb": round(max(x["rss_kb"] for x in sub) / 1024, 1),
             "driver_rss_mb": round(driver_rss_kb / 1024, 1),
             "registry_entries": sum(reg.values()), "registry": reg,
@@ -170,7 +175,7 @@ def _sample(cid: int, tree: Any, subtasks: list[Any], coord: Any, base: str,
             "job_files": files, "ckpt_ms_p50": summary(recent_ms)["p50"]}
 
 
-SERIES = ("node_rss_mb", "subtask_rss_mb", "driver_rss_mb", "registry_entries",
+SERIES = ("node_rss_mb", "node_py_blocks", "subtask_rss_mb", "driver_rss_mb", "registry_entries",
           "node_entries", "subtask_tables", "job_files")
 
 
@@ -180,14 +185,14 @@ def report(args: Any, n: int, every: int, samples: list[dict[str, Any]],
     growths = {k: round(growth([s["checkpoint"] for s in after], [s[k] for s in after]), 4)
                for k in SERIES}
     data = {"checkpoints": n, "keys": args.keys, "updates_per_subtask": args.updates,
-            "materialization_interval_s": args.mat_interval, "nodes": 3, "subtasks": PAR,
+            "materialize_every_checkpoints": args.mat_every, "nodes": 3, "subtasks": PAR,
             "file_merging": "across_checkpoints", "seconds": round(seconds, 1),
             "checkpoint_ms": summary(latencies), "warmup_fraction": args.warmup,
             "growth_after_warmup": growths,
             "max_growth": max(growths.values()), "passed": max(growths.values()) <= 0.05,
             "samples": samples}
     pyplot = plt()
-    fig, axes = pyplot.subplots(2, 4, figsize=(16, 6.5))
+    fig, axes = pyplot.subplots(3, 3, figsize=(14, 9))
     xs = [s["checkpoint"] for s in samples]
     for ax, k in zip(axes.flat, (*SERIES, "ckpt_ms_p50"), strict=True):
         ax.plot(xs, [s[k] for s in samples], lw=1)
