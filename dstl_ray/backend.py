@@ -354,14 +354,16 @@ class ChangelogKeyedStateBackend:
             self._repin()
 
     def _repin(self) -> None:
+        # changelog files wholly before the materialized sqn can never be named again: drop
+        # them, with or without a registry (a backend in a Spark task or another process
+        # has none, and a long run would otherwise track every file it ever wrote)
+        self._segment_files = {n: v for n, v in self._segment_files.items()
+                               if v[1] > self._materialized_sqn}
         if self._registry is None:
             return
         pins = dict(self._base_files)
-        for name, (url, max_sqn) in self._segment_files.items():
-            if max_sqn > self._materialized_sqn:
-                pins[name] = url
-        self._segment_files = {n: v for n, v in self._segment_files.items()
-                               if v[1] > self._materialized_sqn}
+        for name, (url, _max_sqn) in self._segment_files.items():
+            pins[name] = url
         self._registry.set_pins(self._owner, pins)
 
     def _track(self, handle: Any) -> None:

@@ -171,6 +171,8 @@ def _sample(cid: int, tree: Any, subtasks: list[Any], coord: Any, base: str,
             "node_tables": {k: sum(s["entries"][k] for s in st) for k in st[0]["entries"]},
             "subtask_tables": sum(x["writer_changesets"] + x["segment_files"]
                                   + x["merged_files"] for x in sub),
+            "subtask_table_sizes": {k: sum(x[k] for x in sub) for k in (
+                "writer_changesets", "segment_files", "merged_files")},
             "materializations": sum(x["materializations"] for x in sub),
             "job_files": files, "ckpt_ms_p50": summary(recent_ms)["p50"]}
 

@@ -1,0 +1,42 @@
+"""Nothing grows without bound over a long run (a backend without a registry, as in a Spark
+task, and the shared state registry); experiments/soak.py measures it over 10,000
+checkpoints on a real tree."""
+
+from __future__ import annotations
+
+import dstl_ray as d
+from dstl_ray.client import DirectTransport
+from dstl_ray.registry import SharedStateRegistry
+
+from .ckpt_util import MAXP
+
+
+def test_a_backend_without_registry_forgets_files_it_can_no_longer_name(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    client = d.StateChangelogClient("job", transport=DirectTransport("job", base))
+    b = d.ChangelogKeyedStateBackend(client, "op", d.KeyGroupRange(0, MAXP - 1), MAXP,
+                                     materialization_interval=None)
+    state = b.value_state("v")
+    for cid in range(1, 121):
+        state.update(cid % 7, cid)
+        if cid % 10 == 0:
+            b.materialize().result(timeout=30)
+        b.snapshot(cid).result(timeout=30)
+        assert len(b._segment_files) <= 10, cid  # at most the files since materializing
+    b.close()
+
+
+def test_registry_tables_stay_bounded_over_many_checkpoints():
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append)
+    reg.set_claims("node", ["memory://b/job/segments/x"])
+    for cid in range(1, 3001):
+        reg.checkpoint_started(cid)
+        reg.register(cid, {f"f{cid}": f"memory://b/job/dstl/f{cid}",
+                           f"m{cid // 50}": f"memory://b/job/segments/x/m{cid // 50}"})
+        reg.checkpoint_finished(cid)
+        if cid > 2:
+            reg.release(cid - 2)
+    assert len(deleted) == 2998 and reg.deleted_count == 2998
+    sizes = reg.size()
+    assert sizes["deleted"] <= 1000 and sizes["urls"] <= 4 and sizes["checkpoints"] == 2, sizes
