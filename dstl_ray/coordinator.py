@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .backend import ChangelogKeyedStateBackend
-from .errors import CheckpointDeclinedError, DstlError, JobLeaseError, RestoreError
+from .errors import CheckpointDeclinedError, DstlError, RestoreError
 from .lease import Incarnation, JobLease
 from .recovery import (
     CompletedCheckpoint,
@@ -81,8 +81,8 @@ class CheckpointCoordinator:
         self.retained_count = retained
         self.retention = CheckpointRetention(retention)
         self.max_concurrent = max_concurrent
-        self.registry = registry or SharedStateRegistry()
         self.storage = get_storage(self.job_path)
+        self.registry = registry or SharedStateRegistry(list_files=self.storage.list_files)
         self.backends: list[ChangelogKeyedStateBackend] = []
         self._lock = threading.Lock()
         self._retained: list[CompletedCheckpoint] = []
@@ -281,7 +281,7 @@ class CheckpointCoordinator:
         deletes nothing: the job is another driver's now."""
         try:
             self.lease.check()
-        except JobLeaseError as e:
+        except DstlError as e:  # fenced, or unsure: the next recovery's cleanup gets it
             log.warning("not discarding checkpoint %d: %s", cc.checkpoint_id, e)
             return
         try:
@@ -329,13 +329,15 @@ class CheckpointCoordinator:
         another job or a savepoint) or else the latest complete one, delete orphans, and
         register the backends. With ``fallback`` a checkpoint whose files are missing or
         corrupt is skipped for the next older retained one; otherwise the error names both."""
+        took = self.lease.incarnation is None
         self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
         try:
             return self._restore(client, operator_id, parallelism, checkpoint, mode,
                                  fallback, cleanup, backend_options)
         except BaseException:
-            self.lease.release()  # the job did not start: the next driver need not wait
-            self.lease.incarnation = None  # a retry starts a new incarnation
+            if took:  # the job did not start: the next driver need not wait
+                self.lease.release()
+                self.lease.incarnation = None  # a retry starts a new incarnation
             raise
 
     def _restore(self, client: Any, operator_id: str, parallelism: int,
@@ -406,7 +408,7 @@ class CheckpointCoordinator:
         if cleanup:
             keep_urls = {u for c in keep for u in c.files.values()} | {
                 c.metadata_url for c in keep} | {self.lease.url}
-            self.lease.check()
+            self.lease.check(force=True)  # read it again: only the holder deletes orphans
             cleanup_orphans(self.job_path, keep_urls, self.storage, candidates=before)
         if chosen is not None:
             self._claim_dirs(chosen.metadata.snapshots)
@@ -435,13 +437,14 @@ class CheckpointCoordinator:
             b.close()
         with self._lock:
             self.backends.clear()
-        if cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION:
+        delete = cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION
+        if delete:
             with self._lock:
                 gone, self._retained = self._retained, []
             for cc in gone:
                 self._discard(cc)
         self._finisher.shutdown(wait=True)
-        self.lease.release()
+        self.lease.release(delete=delete)
 
     def abandon(self) -> None:
         """Stop as a crashed driver would: nothing is closed, released or deleted, and the

@@ -72,6 +72,25 @@ _LOCAL: weakref.WeakValueDictionary[str, JobLease] = weakref.WeakValueDictionary
 _HOST = socket.gethostname()
 
 
+def _machine() -> str:
+    """Where a pid means this process table: the host, its boot, its pid namespace (two
+    containers on one host share a host name, not their pids)."""
+    parts = [_HOST]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        parts.append("?")
+    try:
+        parts.append(os.readlink("/proc/self/ns/pid"))
+    except OSError:
+        parts.append("?")
+    return "/".join(parts)
+
+
+_MACHINE = _machine()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -107,23 +126,28 @@ class JobLease:
     # ------------------------------------------------------------------ reading
 
     def read(self) -> dict | None:
-        """The lease file's record, or None when there is none (or it is unreadable, e.g.
-        torn by a crash in the middle of a non-atomic write: then nobody holds it)."""
+        """The lease file's record, or None when there is none. A file that cannot be read
+        or parsed raises :class:`JobLeaseError`: never take or give up a job on doubt."""
         try:
             if not self.storage.exists(self.url):
                 return None
             rec = json.loads(self.storage.read_file(self.url))
         except (StorageError, ValueError) as e:
-            log.warning("unreadable job lease %s (%s): treated as free", self.url, e)
-            return None
-        return rec if isinstance(rec, dict) else None
+            raise JobLeaseError(f"cannot read the job lease {self.url} ({e}); if no driver "
+                                f"runs this job, delete the file") from e
+        if not isinstance(rec, dict):
+            raise JobLeaseError(f"job lease {self.url} holds no JSON object; if no driver "
+                                f"runs this job, delete the file")
+        return rec
 
     def _alive(self, rec: dict) -> bool:
+        if rec.get("released"):
+            return False  # given up by a clean shutdown (the record keeps its epoch)
         if rec.get("holder") == self.holder:
             return True
         if self.clock() - float(rec.get("renewed_at", 0)) > float(rec.get("ttl_s", 0)):
             return False  # not renewed in time: its driver is gone or fenced itself
-        if rec.get("host") == _HOST:
+        if rec.get("machine") == _MACHINE:
             pid = int(rec.get("pid", -1))
             if pid == os.getpid():
                 other = _LOCAL.get(str(rec.get("holder")))
@@ -131,11 +155,13 @@ class JobLease:
             return pid > 0 and _pid_alive(pid)
         return True
 
-    def _record(self) -> dict:
+    def _record(self, **extra: object) -> bytes:
         assert self.incarnation is not None
-        return {"version": LEASE_VERSION, "holder": self.holder,
-                "epoch": self.incarnation.epoch, "host": _HOST, "pid": os.getpid(),
-                "renewed_at": self.clock(), "ttl_s": self.ttl_s}
+        return json.dumps({"version": LEASE_VERSION, "holder": self.holder,
+                           "epoch": self.incarnation.epoch, "host": _HOST,
+                           "machine": _MACHINE, "pid": os.getpid(),
+                           "renewed_at": self.clock(), "ttl_s": self.ttl_s,
+                           **extra}).encode()
 
     # ------------------------------------------------------------------ holding
 
@@ -159,13 +185,24 @@ class JobLease:
                 f"before starting it again, or use another job id")
         prev = int(old.get("epoch", 0)) if old else 0
         self.incarnation = Incarnation(max(prev + 1, int(self.clock() * 1000)), self.holder)
-        self.storage.write_file(self.url, json.dumps(self._record()).encode())
-        time.sleep(self.settle_s)  # two drivers that wrote at once: the last rename wins
-        now = self.read()
-        if now is None or now.get("holder") != self.holder:
-            raise JobLeaseError(f"job directory {self.job_path} was taken by another driver "
-                                f"(holder {now.get('holder') if now else None}) while this "
-                                f"one started")
+        create = getattr(self.storage, "create_file", None)
+        if old is None and create is not None:
+            # where the store can create a name only if absent, two drivers starting at
+            # once cannot both succeed
+            if not create(self.url, self._record()):
+                raise JobLeaseError(f"job directory {self.job_path} was taken by another "
+                                    f"driver while this one started")
+        else:
+            t0 = time.monotonic()
+            self.storage.write_file(self.url, self._record())
+            # two drivers that wrote at once: the last write wins; wait long enough for a
+            # write as slow as ours to land before reading back
+            time.sleep(max(self.settle_s, 3 * (time.monotonic() - t0)))
+            now = self.read()
+            if now is None or now.get("holder") != self.holder:
+                raise JobLeaseError(f"job directory {self.job_path} was taken by another "
+                                    f"driver (holder {now.get('holder') if now else None}) "
+                                    f"while this one started")
         self._active = True
         self._renewed_at = self.clock()
         _LOCAL[self.holder] = self
@@ -176,32 +213,40 @@ class JobLease:
         log.info("job %s: incarnation %s", self.job_path, self.incarnation)
         return self.incarnation
 
-    def check(self) -> None:
+    def check(self, force: bool = False) -> None:
         """Raise :class:`JobLeaseError` unless this driver still holds the job. Called before
         every metadata write and delete: when the last renewal is older than half the TTL
-        (this process was paused, or storage was slow) the file is read again first, so a
-        driver that woke up after another one took over never writes or deletes."""
-        if self._active and self.clock() - self._renewed_at > self.ttl_s / 2:
+        (this process was paused, or storage was slow), or ``force``, the file is read
+        again first, so a driver that woke up after another one took over never writes or
+        deletes."""
+        if self._active and (force or self.clock() - self._renewed_at > self.ttl_s / 2):
             self.renew()
         if self.fenced is not None:
             raise JobLeaseError(self.fenced)
         if not self._active:
             raise JobLeaseError(f"job {self.job_path}: this driver does not hold the lease")
 
+    def _fence(self, why: str) -> bool:
+        self.fenced = f"job {self.job_path}: {why}: this driver is fenced and stops " \
+                      f"checkpointing"
+        self._active = False
+        log.error("%s", self.fenced)
+        return False
+
     def renew(self) -> bool:
-        """Renew once: False (and fenced) if someone else holds the lease now. A lease file
-        that vanished (the job directory was deleted under us) is written again."""
+        """Renew once: False (and fenced) if someone else holds the lease now, or it
+        vanished after our TTL ran out. A read error renews nothing and raises (the TTL is
+        the limit); a lease file that vanished within our TTL (the job directory was
+        deleted under us) is written again."""
         if not self._active:
             return False
         rec = self.read()
         if rec is not None and rec.get("holder") != self.holder:
-            self.fenced = (f"job {self.job_path} was taken over by driver "
-                           f"{rec.get('holder')} (host {rec.get('host')}, pid "
-                           f"{rec.get('pid')}): this driver is fenced and stops checkpointing")
-            self._active = False
-            log.error("%s", self.fenced)
-            return False
-        self.storage.write_file(self.url, json.dumps(self._record()).encode())
+            return self._fence(f"taken over by driver {rec.get('holder')} (host "
+                               f"{rec.get('host')}, pid {rec.get('pid')})")
+        if rec is None and self.clock() - self._renewed_at > self.ttl_s:
+            return self._fence("the lease vanished while this driver was not renewing it")
+        self.storage.write_file(self.url, self._record())
         self._renewed_at = self.clock()
         return True
 
@@ -213,8 +258,11 @@ class JobLease:
             except DstlError as e:  # storage trouble: try again; the TTL is the limit
                 log.warning("cannot renew job lease %s: %s", self.url, e)
 
-    def release(self) -> None:
-        """Give the job up (a clean shutdown): the next driver need not wait for the TTL."""
+    def release(self, delete: bool = False) -> None:
+        """Give the job up (a clean shutdown): the next driver need not wait for the TTL.
+        The file stays as a released record, so the next incarnation's epoch still grows
+        from ours whatever its host's clock says; ``delete`` (a job cancelled with
+        DELETE_ON_CANCELLATION leaves nothing behind) removes it."""
         was = self._active
         self.abandon()
         if not was:
@@ -222,7 +270,10 @@ class JobLease:
         try:
             rec = self.read()
             if rec is not None and rec.get("holder") == self.holder:
-                self.storage.delete(self.url)
+                if delete:
+                    self.storage.delete(self.url)
+                else:
+                    self.storage.write_file(self.url, self._record(released=True))
         except DstlError as e:
             log.warning("cannot release job lease %s: %s", self.url, e)
 

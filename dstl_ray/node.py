@@ -398,13 +398,18 @@ class ChangelogNode:
 
     def _forget_idle_jobs(self) -> None:
         """Nothing grows without bound on a long-lived tree: a job not heard of for
-        ``JOB_IDLE_S`` with no writer registered here loses its node-side state (a later
-        request of it starts clean; its merged files are left to the job's registry)."""
+        ``JOB_IDLE_S``, with no writer registered here and no file of it tracked here (a
+        job checkpointing rarely keeps its merged files and its namespace binding), loses
+        its node-side state; a later request of it starts clean."""
         now = time.monotonic()
         active = set(self._writers.values()) | {r.job_id for p in self._pending
                                                 for r in p.requests}
         for job_id, seen in list(self._job_seen.items()):
-            if now - seen > JOB_IDLE_S and job_id not in active:
+            ff = self._flush_files.get(job_id)
+            job_dir = join(self.base_path, job_id) + "/"
+            if (now - seen > JOB_IDLE_S and job_id not in active
+                    and (ff is None or ff.size() == 0)
+                    and not any(p.startswith(job_dir) for p in self._files)):
                 del self._job_seen[job_id]
                 self._incarnations.pop(job_id, None)
                 self._reset_job(job_id)
@@ -743,7 +748,7 @@ class ChangelogNode:
             await self._sync_registration()
         # the parent gets what is left of our deadline, less what we need to flush ourselves
         # should it fail: then no level's timeout expires together with its parent's
-        budget = deadline - time.monotonic() - self._flush_reserve()
+        budget = deadline - time.monotonic() - self._flush_reserve() - REPLY_GRACE_S
         if not flush and budget > 0:
             target = self._upstream()
             assert target is not None

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from .errors import DstlError
+from .snapshot import file_name
 from .storage import get_storage
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,12 @@ def _delete_url(url: str) -> None:
 class SharedStateRegistry:
     """Reference counts of shared state files, by file name."""
 
-    def __init__(self, delete: Callable[[str], None] = _delete_url) -> None:
+    def __init__(self, delete: Callable[[str], None] = _delete_url,
+                 list_files: Callable[[str], list[str]] | None = None) -> None:
         self._delete = delete
+        # lists a directory that nobody claims any more: its files the registry forgot
+        # (their owner was to delete them, and may have died first) become candidates
+        self._list_files = list_files
         self._lock = threading.Lock()
         self._refs: dict[str, int] = {}
         self._urls: dict[str, str] = {}
@@ -125,14 +130,22 @@ class SharedStateRegistry:
         """Replace the directories ``owner`` claims (URLs); files there are not ours to
         delete. Files of directories no longer claimed become candidates if unreferenced.
         A claimed file nothing references any more is forgotten: its owner deletes it (a
-        long run names ever new files); should the owner die first, the orphan cleanup of
-        the next recovery does."""
+        long run names ever new files). Should the owner die first, the directory is listed
+        once nobody claims it, and its unreferenced files go like any other (without a
+        lister, the orphan cleanup of the next recovery gets them)."""
         with self._lock:
+            before = {p for ps in self._claims.values() for p in ps}
             new = frozenset(d.rstrip("/") + "/" for d in directories)
             if new:
                 self._claims[owner] = new
             else:
                 self._claims.pop(owner, None)
+            released = before - {p for ps in self._claims.values() for p in ps}
+        listed = [u for p in sorted(released) if self._list_files is not None
+                  for u in self._listing(p)]
+        with self._lock:
+            for url in listed:  # files the registry forgot, of a directory nobody claims
+                self._urls.setdefault(file_name(url), url)
             for name in list(self._urls):
                 if name in self._candidates:
                     if self._claimed(name):
@@ -140,6 +153,14 @@ class SharedStateRegistry:
                 else:
                     self._maybe_candidate(name)
         self.collect()
+
+    def _listing(self, prefix: str) -> list[str]:
+        assert self._list_files is not None
+        try:
+            return self._list_files(prefix.rstrip("/"))
+        except DstlError as e:  # the next recovery's orphan cleanup gets them
+            log.warning("cannot list %s: %s", prefix, e)
+            return []
 
     def _claimed(self, name: str) -> bool:
         url = self._urls.get(name)

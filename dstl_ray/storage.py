@@ -127,6 +127,30 @@ class LocalStorage:
                 pass
             raise StorageError(f"cannot write {path}: {e}") from e
 
+    def create_file(self, path: str, data: bytes) -> bool:
+        """Write ``path`` only if it does not exist yet, atomically (a hard link of a
+        complete temp file fails if the name exists): False if someone else created it."""
+        local = self._local(path)
+        tmp = f"{local}.tmp-{uuid.uuid4().hex}"
+        try:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, local)
+            except FileExistsError:
+                return False
+            return True
+        except OSError as e:
+            raise StorageError(f"cannot create {path}: {e}") from e
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
     def append_file(self, path: str, data: bytes) -> int:
         """Append ``data`` to ``path`` (created if missing), durable before returning;
         returns the offset it starts at. The bytes are readable at once, before any close

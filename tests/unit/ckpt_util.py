@@ -88,7 +88,7 @@ def referenced(coord: d.CheckpointCoordinator) -> set[str]:
     for c in coord.completed_checkpoints():
         out.add(c.metadata_url)
         out.update(u for u in c.files.values() if u.startswith(coord.job_path + "/"))
-    if coord.lease.held:  # one live driver per job: its lease lies in the job directory
+    if coord.lease.incarnation is not None:  # the job's lease (released: its record)
         out.add(coord.lease.url)
     return out
 

@@ -40,3 +40,21 @@ def test_registry_tables_stay_bounded_over_many_checkpoints():
     assert len(deleted) == 2998 and reg.deleted_count == 2998
     sizes = reg.size()
     assert sizes["deleted"] <= 1000 and sizes["urls"] <= 4 and sizes["checkpoints"] == 2, sizes
+
+
+def test_a_forgotten_file_of_a_directory_nobody_claims_any_more_is_deleted():
+    """A claimed file nothing references is forgotten (its owner deletes it); if the owner
+    died first, the directory is listed once unclaimed and the file goes after all."""
+    deleted: list[str] = []
+    on_disk = {"memory://b/job/shared/s1/a.dstm", "memory://b/job/shared/s1/b.dstm"}
+    reg = SharedStateRegistry(delete=deleted.append,
+                              list_files=lambda p: sorted(u for u in on_disk
+                                                          if u.startswith(p + "/")))
+    reg.set_claims("checkpoint", ["memory://b/job/shared/s1"])
+    reg.checkpoint_started(1)
+    reg.register(1, {"a.dstm": "memory://b/job/shared/s1/a.dstm"})
+    reg.checkpoint_finished(1)
+    reg.release(1)  # unreferenced, claimed: forgotten, not deleted
+    assert deleted == [] and reg.size()["urls"] == 0
+    reg.set_claims("checkpoint", ["memory://b/job/shared/s2"])  # rescaled: s1 is nobody's
+    assert sorted(deleted) == sorted(on_disk)

@@ -21,7 +21,7 @@ def _files(base: str) -> set[str]:
 
 def _retained_files(coord) -> set[str]:
     cs = coord.completed_checkpoints()
-    lease = {coord.lease.url} if coord.lease.held else set()
+    lease = {coord.lease.url} if coord.lease.incarnation is not None else set()
     return {u for c in cs for u in c.files.values()} | {c.metadata_url for c in cs} | lease
 
 

@@ -150,3 +150,43 @@ def test_watermark_never_passes_a_checkpoint_that_may_still_complete(tmp_path):
     coord.drop_checkpoints_from(2)
     assert coord.subsumed_watermark() < 2
     coord.shutdown()
+
+
+def test_two_drivers_starting_at_once_on_a_fresh_directory_one_wins(tmp_path):
+    url = f"file://{tmp_path}/dfs/job"
+    a, b = JobLease(url), JobLease(url)
+    a.acquire(renew=False)
+    b.read = lambda: None  # b looked before a's file landed
+    with pytest.raises(JobLeaseError, match="taken by another driver"):
+        b.acquire(renew=False)
+    a.release()
+
+
+def test_a_lease_that_cannot_be_read_is_neither_taken_nor_renewed(tmp_path):
+    now = [1000.0]
+    url = f"file://{tmp_path}/dfs/job"
+    a = JobLease(url, ttl_s=10, clock=lambda: now[0])
+    a.acquire(renew=False)
+    get_storage(a.url).write_file(a.url, b"{torn")
+    with pytest.raises(JobLeaseError, match="cannot read the job lease"):
+        JobLease(url, clock=lambda: now[0]).acquire(renew=False)
+    with pytest.raises(JobLeaseError):
+        a.renew()  # on doubt nothing is written over the file
+    assert get_storage(a.url).read_file(a.url) == b"{torn"
+    # a lease that vanished while its holder was paused past its TTL: fenced, not rewritten
+    get_storage(a.url).delete(a.url)
+    now[0] += 11
+    assert not a.renew() and a.fenced and not get_storage(a.url).exists(a.url)
+
+
+def test_a_failed_restore_keeps_a_lease_it_already_held(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    coord = _coord(base)
+    coord.restore(client("job", base), "op", 1)
+    inc = coord.incarnation
+    with pytest.raises(d.RestoreError):
+        coord.restore(client("job", base), "op", 1, checkpoint=f"{base}/nope/chk-1/_metadata")
+    assert coord.lease.held and coord.incarnation == inc
+    with pytest.raises(JobLeaseError):
+        _coord(base).restore(client("job", base), "op", 1)
+    coord.shutdown()
