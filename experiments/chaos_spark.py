@@ -114,7 +114,7 @@ def main() -> None:
                  .json(str(src)).writeStream.foreachBatch(op)
                  .option("checkpointLocation", str(chk)).start())
             pending = list(kinds)
-            done_before = len(op.history)
+            done_before = op.history.total
             while pending:  # inject at random moments while the round runs
                 time.sleep(rng.uniform(0.5, 3.0))
                 kind = pending.pop()
@@ -139,7 +139,7 @@ def main() -> None:
                     if "chaos: driver dies" not in str(e) or time.time() > deadline:
                         raise
                     q.stop()
-                    checkpoints += len(op.history)
+                    checkpoints += op.history.total
                     op.coordinator.shutdown()
                     op = new_op()  # a new driver: new coordinator, new epoch
                     recoveries += 1
@@ -153,9 +153,9 @@ def main() -> None:
             lost += len(problems)
             verified += sum(want["count"].values())
             print(f"[chaos_spark] round {r}: faults {kinds}, batches "
-                  f"{len(op.history) - done_before}, state "
+                  f"{op.history.total - done_before}, state "
                   f"{'OK' if not problems else f'{len(problems)} DIFFERENCES'}", flush=True)
-        checkpoints += len(op.history)
+        checkpoints += op.history.total
         op.close()
         # a new start runs orphan cleanup; storage must hold exactly the retained files
         op = new_op()

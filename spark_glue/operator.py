@@ -18,7 +18,9 @@ trusting its cache; a failed batch bumps the epoch so no cached state survives i
 Spark replays after a driver restart (its checkpoint completed but Spark's commit did not)
 drops that checkpoint and recomputes it from the previous one, as Spark's own state stores
 reload version ``batch_id`` (so the outputs are produced again for the sink). The sink must be
-idempotent by batch id, as Spark's foreachBatch documentation asks.
+idempotent by batch id, as Spark's foreachBatch documentation asks. Spark replays only its
+last batch; a batch id older than the latest complete checkpoint means the query is not the
+one that wrote the checkpoints (see :func:`is_replay`) and fails without deleting anything.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from dstl_ray.coordinator import CheckpointCoordinator
 from dstl_ray.errors import ConfigError
@@ -64,6 +67,52 @@ class BatchStats:
     finished_at: float = field(default_factory=time.time)
 
 
+class BatchHistory(deque[BatchStats]):
+    """The :class:`BatchStats` of the last ``maxlen`` micro-batches, oldest first (``None``:
+    every batch; a long run with a bound keeps memory flat). ``total`` counts every batch
+    ever recorded, including those that fell off the front. Slicing returns a list."""
+
+    def __init__(self, iterable: Iterable[BatchStats] = (), maxlen: int | None = None) -> None:
+        super().__init__(iterable, maxlen)
+        self.total = len(self)
+
+    def append(self, stats: BatchStats) -> None:
+        super().append(stats)
+        self.total += 1
+
+    @overload
+    def __getitem__(self, i: int) -> BatchStats: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[BatchStats]: ...
+    def __getitem__(self, i: int | slice) -> BatchStats | list[BatchStats]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        return super().__getitem__(i)
+
+
+def is_replay(job_id: str, batch_id: int, latest_id: int | None) -> bool:
+    """Whether micro-batch ``batch_id`` is Spark's replay of a batch whose checkpoint is
+    complete (``latest_id``: the latest complete checkpoint, None if there is none).
+
+    Spark runs batch n+1 only after writing batch n's commit log, so after a driver restart
+    it replays at most its LAST batch: the one whose checkpoint completed but whose commit
+    did not. That batch's id equals the latest checkpoint's. An older batch id means the
+    query is not the one that wrote these checkpoints (a new ``checkpointLocation`` with
+    an existing job id restarts the batch ids at 0); treating it as a replay would delete
+    every newer checkpoint, so it is a :class:`~dstl_ray.errors.ConfigError` (the job id and
+    the checkpoint location do not belong together; retrying cannot help).
+    """
+    if latest_id is None or batch_id > latest_id:
+        return False
+    if batch_id == latest_id:
+        return True
+    raise ConfigError(
+        f"job {job_id!r}: micro-batch {batch_id} is older than the latest complete checkpoint "
+        f"{latest_id}; Spark replays only its last batch, so this query's checkpointLocation "
+        f"did not write job {job_id!r}'s checkpoints. Nothing was deleted. Use a new job id "
+        f"for a new checkpointLocation, or restart with the job's old checkpointLocation")
+
+
 class KeyedStatefulOperator:
     """``foreachBatch`` callable: per-key state over micro-batches with exactly-once state.
 
@@ -73,13 +122,17 @@ class KeyedStatefulOperator:
     (an iterable or None) is collected and passed to ``sink(batch_id, outputs)`` once the
     batch's checkpoint is complete. The update function must be deterministic (a replayed
     batch must give the same state), as for any Spark stateful operator.
+
+    ``history`` holds the :class:`BatchStats` of the last ``history_limit`` batches (None:
+    all of them, for bounded runs that summarize every batch).
     """
 
     def __init__(self, job_id: str, key: str, update: UpdateFn, *,
                  namespace: str | None = None, operator_id: str = "keyed",
                  parallelism: int | None = None, max_parallelism: int = 128,
                  materialization_interval: float | None = 10.0, retained: int = 3,
-                 sink: Sink | None = None, spark: Any = None, sticky: bool = True) -> None:
+                 sink: Sink | None = None, spark: Any = None, sticky: bool = True,
+                 history_limit: int | None = 1000) -> None:
         from dstl_ray.client import StateChangelogClient
         from dstl_ray.config import ChangelogConfig
 
@@ -92,6 +145,11 @@ class KeyedStatefulOperator:
         if retained < 2:
             raise ConfigError(f"retained must be >= 2 (a replayed batch restores from the "
                               f"checkpoint before it), got {retained}")
+        if history_limit is not None and (isinstance(history_limit, bool)
+                                          or not isinstance(history_limit, int)
+                                          or history_limit < 1):
+            raise ConfigError(f"history_limit must be an int >= 1 or None (unbounded), got "
+                              f"{history_limit!r}")
         self.job_id = job_id
         self.key = key
         self.update = update
@@ -117,7 +175,7 @@ class KeyedStatefulOperator:
         # before any checkpoint of this incarnation starts
         self.coordinator.restore(None, operator_id, 0)
         self.epoch = uuid.uuid4().hex
-        self.history: list[BatchStats] = []
+        self.history = BatchHistory(maxlen=history_limit)
 
     # ------------------------------------------------------------------ batches
 
@@ -136,7 +194,7 @@ class KeyedStatefulOperator:
         t0 = time.perf_counter()
         cc = self.coordinator
         latest = cc.latest_checkpoint()
-        replayed = latest is not None and batch_id <= latest.checkpoint_id
+        replayed = is_replay(self.job_id, batch_id, latest.checkpoint_id if latest else None)
         if replayed:
             log.warning("batch %d is replayed (checkpoint %d complete): recomputing it from "
                         "the previous checkpoint", batch_id, latest.checkpoint_id)

@@ -134,10 +134,25 @@ class _Entry:
     backend: ChangelogKeyedStateBackend
     epoch: str
     holds: int | None  # the checkpoint id whose state the backend holds; None = dirty
+    busy: bool = False  # handed to a task that has not finished yet (it may run in a thread)
 
     def usable(self, spec: TaskSpec) -> bool:
         """Holds exactly the restore checkpoint's state, in the driver's current epoch."""
         return self.epoch == spec.epoch and self.holds == spec.restore_id
+
+    def dead_for(self, spec: TaskSpec) -> bool:
+        """No task of ``spec``'s epoch can ever use this entry of another subtask, so it may be
+        closed. Within one epoch the driver's restore checkpoint only grows (a replay or a
+        failed batch starts a new epoch), so an entry is dead if it is of another epoch, is
+        dirty (half-applied rows of a failed task), or holds a checkpoint older than
+        ``spec.restore_id``. An entry holding the restore checkpoint serves its subtask in
+        this batch; one holding a newer one (this batch's, its subtask ran here first) serves
+        it in the next. A busy entry belongs to a running task and is never taken from it."""
+        if self.busy:
+            return False
+        if self.epoch != spec.epoch or self.holds is None:
+            return True
+        return self.holds < spec.restore_id
 
 
 @dataclass
@@ -181,30 +196,43 @@ def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
                 ) -> tuple[_Entry, float]:
     """The cached backend of subtask ``index`` if it holds exactly the restore checkpoint's
     state in this epoch (and the task is not a retry), else a freshly restored one. The
-    returned entry is marked dirty until the caller finishes the batch."""
+    returned entry is marked dirty and busy until the caller finishes the batch
+    (:func:`release`)."""
     key = (spec.namespace, spec.job_id + "/" + spec.operator_id, spec.parallelism, index)
     with _CACHE.lock:
         e = _CACHE.entries.get(key)
-        # entries of this operator that can never be used again (older epoch or state) are
+        # entries of this operator that can never be used again (_Entry.dead_for) are
         # closed: their writers would stay registered sources of the node actor, and its
-        # "every source is pending" trigger would wait for them (one file per checkpoint)
+        # "every source is pending" trigger would wait for them (one file per checkpoint);
+        # entries of other subtasks that a later task of this epoch can still use stay
         stale = [k for k, x in _CACHE.entries.items() if k != key and k[:2] == key[:2]
-                 and not x.usable(spec)]
+                 and x.dead_for(spec)]
         dropped = [_CACHE.entries.pop(k) for k in stale]
+        reuse = e is not None and not retry and e.usable(spec)
+        if reuse:
+            e.holds, e.busy = None, True
+        elif e is not None:
+            del _CACHE.entries[key]
     for x in dropped:
         x.backend.close()
-    restore_s = 0.0
-    if e is None or retry or not e.usable(spec):
-        if e is not None:
-            e.backend.close()
-        t0 = time.perf_counter()
-        backend = _restore(spec, index, client)
-        restore_s = time.perf_counter() - t0
-        e = _Entry(backend, spec.epoch, None)
-        with _CACHE.lock:
-            _CACHE.entries[key] = e
-    e.holds = None
+    if reuse:
+        return e, 0.0
+    if e is not None:
+        e.backend.close()
+    t0 = time.perf_counter()
+    backend = _restore(spec, index, client)
+    restore_s = time.perf_counter() - t0
+    e = _Entry(backend, spec.epoch, None, busy=True)
+    with _CACHE.lock:
+        _CACHE.entries[key] = e
     return e, restore_s
+
+
+def release(entry: _Entry, holds: int | None) -> None:
+    """The task using ``entry`` finished: it now holds checkpoint ``holds`` (None: the task
+    failed half-way, the entry stays dirty and is closed by a later task)."""
+    with _CACHE.lock:
+        entry.holds, entry.busy = holds, False
 
 
 def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
@@ -221,21 +249,26 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
     client = _client(spec)
     entry, restore_s = backend_for(spec, index, attempt > 0 or stage_attempt > 0, client)
     backend = entry.backend
-    by_key: dict[Any, list[Any]] = {}
-    n = 0
-    for _subtask, (key, row) in rows:
-        by_key.setdefault(key, []).append(row)
-        n += 1
-    outputs: list[Any] = []
-    for key, key_rows in by_key.items():
-        out = spec.update(key, key_rows, KeyedState(backend, key))
-        if out is not None:
-            outputs.extend(out)
-    t1 = time.perf_counter()
-    backend.notify_checkpoint_subsumed(spec.subsumed_watermark)
-    snap = backend.snapshot(checkpoint_id=spec.batch_id).result(timeout=spec.persist_timeout_s)
-    t2 = time.perf_counter()
-    entry.holds = spec.batch_id
+    holds: int | None = None
+    try:
+        by_key: dict[Any, list[Any]] = {}
+        n = 0
+        for _subtask, (key, row) in rows:
+            by_key.setdefault(key, []).append(row)
+            n += 1
+        outputs: list[Any] = []
+        for key, key_rows in by_key.items():
+            out = spec.update(key, key_rows, KeyedState(backend, key))
+            if out is not None:
+                outputs.extend(out)
+        t1 = time.perf_counter()
+        backend.notify_checkpoint_subsumed(spec.subsumed_watermark)
+        snap = backend.snapshot(checkpoint_id=spec.batch_id).result(
+            timeout=spec.persist_timeout_s)
+        t2 = time.perf_counter()
+        holds = spec.batch_id
+    finally:
+        release(entry, holds)
     yield {
         "index": index, "snapshot": json.dumps(snap.to_dict()), "outputs": outputs,
         "rows": n, "keys": len(by_key), "attempt": attempt, "stage_attempt": stage_attempt,

@@ -1,0 +1,174 @@
+"""The driver side of KeyedStatefulOperator without Spark: which batch ids are replays, what an
+older batch id does (an error, nothing deleted), and the bounded batch history. The Spark
+tasks are replaced by a backend on the in-process DirectTransport whose snapshots the real
+CheckpointCoordinator completes on real files (tests/spark covers the operator on RayDP)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+import pytest
+
+import dstl_ray as d
+from dstl_ray.errors import ConfigError, DstlError
+from dstl_ray.storage import get_storage
+from spark_glue.operator import BatchHistory, BatchStats, KeyedStatefulOperator, is_replay
+
+JOB = "op-batches"
+MAXP = 16
+
+
+def stats(batch_id: int) -> BatchStats:
+    return BatchStats(batch_id, 0, 0, 0.0, 0.0, 0.0, 0, 0, False)
+
+
+# ------------------------------------------------------------------ replay decision
+
+
+def test_new_batches_and_the_replayed_last_batch():
+    assert not is_replay(JOB, 0, None)  # nothing complete yet
+    assert not is_replay(JOB, 5, None)
+    assert not is_replay(JOB, 4, 3)  # the next batch
+    assert is_replay(JOB, 3, 3)  # checkpoint 3 completed, Spark's commit did not
+
+
+def test_a_batch_older_than_the_latest_checkpoint_is_a_config_error():
+    with pytest.raises(ConfigError) as ei:
+        is_replay(JOB, 2, 7)
+    msg = str(ei.value)
+    assert isinstance(ei.value, DstlError)
+    assert "micro-batch 2" in msg and "checkpoint 7" in msg and JOB in msg
+    assert "new job id" in msg and "old checkpointLocation" in msg
+    assert "Nothing was deleted" in msg
+
+
+# ------------------------------------------------------------------ through process_batch
+
+
+class Driver:
+    """A KeyedStatefulOperator on a real coordinator (file://), with ``_run`` answering as
+    one subtask whose backend lives in this process (no Ray, no Spark)."""
+
+    def __init__(self, tmp_path: Any, history_limit: int | None = 1000) -> None:
+        self.base = f"file://{tmp_path}/dfs"
+        self.client = d.StateChangelogClient(JOB, transport=d.DirectTransport(JOB, self.base))
+        op = KeyedStatefulOperator.__new__(KeyedStatefulOperator)
+        op.job_id, op.key, op.update, op.namespace = JOB, "k", lambda *a: None, "ns"
+        op.operator_id, op.max_parallelism, op.materialization_interval = "op", MAXP, None
+        op.sink, op._spark, op._parallelism, op.sticky, op._placement = None, object(), 1, \
+            False, {}
+        op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
+        op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
+                                                 retained=3)
+        op.epoch = uuid.uuid4().hex
+        op.history = BatchHistory(maxlen=history_limit)
+        op._run = self.run
+        self.op = op
+        self.backend = self._backend(None)
+        self.runs: list[int] = []
+
+    def _backend(self, restore: Any) -> d.ChangelogKeyedStateBackend:
+        sources = d.recovery.assign_sources(restore, "op", 1)[0] if restore else []
+        return d.ChangelogKeyedStateBackend(self.client, "op", d.KeyGroupRange(0, MAXP - 1),
+                                            MAXP, restore=sources,
+                                            materialization_interval=None)
+
+    def run(self, df: Any, spec: Any) -> list[dict[str, Any]]:
+        self.runs.append(spec.batch_id)
+        if spec.restore_id != self.backend_holds:  # a replay: restore from the checkpoint
+            self.backend.close()
+            self.backend = self._backend(self.op.coordinator.latest_checkpoint())
+        self.backend.value_state("v").update("k", spec.batch_id)
+        snap = self.backend.snapshot(checkpoint_id=spec.batch_id).result(timeout=30)
+        self.backend_holds = spec.batch_id
+        return [{"index": 0, "snapshot": json.dumps(snap.to_dict()), "outputs": [],
+                 "rows": 1, "keys": 1, "attempt": 0, "stage_attempt": 0, "restore_s": 0.0,
+                 "apply_s": 0.0, "snapshot_s": 0.0, "node": "", "chosen_by": "",
+                 "raylet_pid": "", "executor": ""}]
+
+    backend_holds = -1
+
+    def files(self) -> set[str]:
+        root = f"{self.base}/{JOB}"
+        return set(get_storage(root).list_files(root))
+
+    def close(self) -> None:
+        self.backend.close()
+        self.op.coordinator.shutdown()
+
+
+def test_an_older_batch_id_deletes_no_checkpoint(tmp_path):
+    """Regression: a batch id below the latest checkpoint (a new checkpointLocation with an
+    existing job id) was taken for a replay and dropped every newer checkpoint."""
+    drv = Driver(tmp_path)
+    for b in range(5):
+        drv.op.process_batch(None, b)
+    before_ids = [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()]
+    before_files, epoch = drv.files(), drv.op.epoch
+    assert before_ids == [2, 3, 4]
+    raised: Exception | None = None
+    try:
+        drv.op.process_batch(None, 0)
+    except ConfigError as e:
+        raised = e
+    assert [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()] == before_ids
+    assert drv.files() == before_files  # nothing deleted
+    assert raised is not None and re.search(r"micro-batch 0 .* checkpoint 4", str(raised))
+    assert drv.runs == [0, 1, 2, 3, 4] and drv.op.epoch == epoch  # nothing run
+    assert len(drv.op.history) == 5
+    drv.close()
+
+
+def test_the_last_batch_is_replayed_from_the_checkpoint_before_it(tmp_path):
+    drv = Driver(tmp_path)
+    for b in range(3):
+        drv.op.process_batch(None, b)
+    epoch = drv.op.epoch
+    st = drv.op.process_batch(None, 2)
+    assert st.replayed and drv.op.epoch != epoch
+    assert [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()] == [0, 1, 2]
+    assert drv.op.state() == {"v": {"k": 2}}
+    drv.close()
+
+
+# ------------------------------------------------------------------ history
+
+
+def test_history_keeps_the_last_batches_and_counts_all(tmp_path):
+    drv = Driver(tmp_path, history_limit=3)
+    for b in range(7):
+        drv.op.process_batch(None, b)
+    h = drv.op.history
+    assert len(h) == 3 and h.total == 7
+    assert [s.batch_id for s in h] == [4, 5, 6]
+    assert h[0].batch_id == 4 and h[-1].batch_id == 6
+    assert [s.batch_id for s in h[1:]] == [5, 6] and isinstance(h[1:], list)
+    drv.close()
+
+
+def test_batch_history_unbounded_and_copy():
+    h = BatchHistory(maxlen=None)
+    for b in range(1500):
+        h.append(stats(b))
+    assert len(h) == h.total == 1500
+    assert [s.batch_id for s in h[-2:]] == [1498, 1499]
+    import copy
+
+    c = copy.copy(h)
+    assert isinstance(c, BatchHistory) and len(c) == 1500
+
+
+def test_history_limit_defaults_to_1000():
+    import inspect
+
+    sig = inspect.signature(KeyedStatefulOperator)
+    assert sig.parameters["history_limit"].default == 1000
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "10", True])
+def test_bad_history_limit_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="history_limit"):
+        KeyedStatefulOperator(JOB, key="k", update=lambda *a: None, history_limit=bad)
