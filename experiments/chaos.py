@@ -655,6 +655,8 @@ def main() -> None:
                    help="per storage (full) or per kind (quick); default 54 / 2")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--storage", default="file,s3")
+    p.add_argument("--schedule", default="",
+                   help="one episode with exactly these faults, in order (a,b,c)")
     p.add_argument("--file-merging", default="none",
                    help="FLIP-306 mode for the file:// episodes (S3 keeps within at most)")
     args = p.parse_args()
@@ -704,7 +706,8 @@ def run(args: Any, kinds: list[str], faults: int) -> None:
                 h = Harness(cluster, base, ns, ChangelogConfig(namespace=ns, **opts), env, rng,
                             args.seed)
                 try:
-                    plan = schedules(kinds, faults, args.quick, rng)
+                    plan = ([args.schedule.split(",")] if args.schedule
+                            else schedules(kinds, faults, args.quick, rng))
                     if args.quick and storage == "s3":  # S3: the DFS kinds, mixed
                         plan = [[k for k in kinds if k.startswith("dfs_")] or kinds[:1]]
                     for i, schedule in enumerate(plan):

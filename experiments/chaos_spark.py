@@ -161,6 +161,7 @@ def main() -> None:
         op = new_op()
         keep = {u for c in op.coordinator.completed_checkpoints() for u in c.files.values()}
         keep |= {c.metadata_url for c in op.coordinator.completed_checkpoints()}
+        keep.add(op.coordinator.lease.url)  # the job's lease: one live driver per job
         job = f"file://{base}/chaos"
         have = set(get_storage(job).list_files(job))
         leaked = len(have - keep)

@@ -208,7 +208,8 @@ class KeyedStatefulOperator:
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
                         latest.metadata_url if latest else None,
                         subsumed_watermark=cc.subsumed_watermark(),
-                        caller_namespace=self.caller_namespace)
+                        caller_namespace=self.caller_namespace,
+                        incarnation=str(cc.incarnation))
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

@@ -53,6 +53,10 @@ class TaskSpec:
     # admit a job only from its own namespace); a worker's own namespace is whatever it
     # first connected with
     caller_namespace: str = ""
+    # the driver's run of the job (dstl_ray.lease): requests carry it, so node actors keep
+    # the job's state per run and never free a new run's merged files with an old one's
+    # knowledge
+    incarnation: str = ""
 
 
 class ValueView:
@@ -189,7 +193,8 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
         sources = assign_sources(cc, spec.operator_id, spec.parallelism)[index]
     return ChangelogKeyedStateBackend(client, spec.operator_id, kgr, spec.max_parallelism,
                                       restore=sources,
-                                      materialization_interval=spec.materialization_interval)
+                                      materialization_interval=spec.materialization_interval,
+                                      incarnation=spec.incarnation)
 
 
 def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
