@@ -225,7 +225,13 @@ class FsspecStorage:
         self._options = dict(options or {})
         self.multipart_threshold = max(2 * S3_MIN_PART, multipart_threshold)
         self.multipart_uploads = 0
-        self._fs = fsspec.filesystem(protocol, **self._options)
+        fs_options = dict(self._options)
+        if protocol in ("s3", "s3a", "gs", "gcs", "abfs", "az"):
+            # object stores: no cached listings. Other processes write the files this one
+            # reads (a driver lists the job directory at restore, then reads checkpoints
+            # written since), and a cached listing makes a new object look missing
+            fs_options.setdefault("use_listings_cache", False)
+        self._fs = fsspec.filesystem(protocol, **fs_options)
         if protocol in ("s3", "s3a"):
             self._fs.retries = 1  # s3fs's own retry loop: off, the Uploader retries
 

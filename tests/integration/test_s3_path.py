@@ -218,6 +218,21 @@ def test_large_flush_is_a_multipart_upload(s3):
     assert st.read_range(s3.url("mp/big.dstl"), 7 << 20, 100) == data[7 << 20:(7 << 20) + 100]
 
 
+def test_objects_written_elsewhere_after_a_listing_are_seen(s3):
+    """A driver lists the job directory at restore, then reads checkpoints other processes
+    wrote since: a cached listing made those objects look missing (RestoreError on S3; found
+    by the chaos run)."""
+    cfg = ChangelogConfig(**s3.config_options())
+    here = storage_for(s3.url("lc"), cfg)
+    here.write_file(s3.url("lc/job/mat/old.dstm"), b"old")
+    assert here.list_files(s3.url("lc/job")) == [s3.url("lc/job/mat/old.dstm")]
+    s3.client().put_object(Bucket=s3.bucket, Key="lc/job/mat/new.dstm", Body=b"new")
+    assert here.exists(s3.url("lc/job/mat/new.dstm"))
+    assert here.read_file(s3.url("lc/job/mat/new.dstm")) == b"new"
+    assert here.read_range(s3.url("lc/job/mat/new.dstm"), 1, 2) == b"ew"
+    assert len(here.list_files(s3.url("lc/job"))) == 2
+
+
 def test_credentials_stay_out_of_logs_traces_metrics_and_status(tree_factory, namespace,
                                                                   s3_env, tmp_path):
     """The S3 secret reaches the node actors but none of what they show or write: Ray's
