@@ -15,7 +15,9 @@ deleted only when
   subtask deletes those files itself, by segment use and subsumed watermark. Once nobody
   claims a directory (its subtask rescaled away), its files go by reference count here.
 
-Thread-safe; deletes run outside the lock.
+Thread-safe. Deletes run outside the lock, on a background :class:`~dstl_ray.deleter.Deleter`:
+pins change under a backend's lock and on a client's delivery thread, which a slow object
+store delete must not hold up (a file decided dead stays dead, so deleting it later is safe).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
-from .errors import DstlError
+from .deleter import Deleter, background_deleter
 from .storage import get_storage
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,12 @@ def _delete_url(url: str) -> None:
 class SharedStateRegistry:
     """Reference counts of shared state files, by file name."""
 
-    def __init__(self, delete: Callable[[str], None] = _delete_url) -> None:
+    def __init__(self, delete: Callable[[str], None] = _delete_url,
+                 deleter: Deleter | None = None) -> None:
+        """``delete`` deletes one URL; it runs on ``deleter`` (default: the process's
+        background deleter)."""
         self._delete = delete
+        self._deleter = deleter
         self._lock = threading.Lock()
         self._refs: dict[str, int] = {}
         self._urls: dict[str, str] = {}
@@ -49,7 +55,7 @@ class SharedStateRegistry:
         self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
         self._protected: set[str] = set()
         self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
-        self.deleted: list[str] = []
+        self.deleted: list[str] = []  # URLs handed to the deleter
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -166,8 +172,13 @@ class SharedStateRegistry:
 
     # ------------------------------------------------------------------ deletion
 
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait for the deletes handed over so far (close paths, tests)."""
+        return (self._deleter or background_deleter()).flush(timeout)
+
     def collect(self) -> list[str]:
-        """Delete every candidate no pending checkpoint can still name; returns their URLs."""
+        """Delete every candidate no pending checkpoint can still name (in the background);
+        returns their URLs."""
         with self._lock:
             oldest_pending = min(self._pending) if self._pending else None
             due = [n for n, epoch in self._candidates.items()
@@ -180,11 +191,9 @@ class SharedStateRegistry:
                 if self._claimed(n):  # its subtask deletes it
                     continue
                 urls.append(self._urls.pop(n))
-        for url in urls:
-            try:
-                self._delete(url)
-            except DstlError as e:  # orphan cleanup after recovery gets it later
-                log.warning("cannot delete unreferenced state file %s: %s", url, e)
+        deleter = self._deleter or background_deleter()
+        for url in urls:  # a failed or lost delete: orphan cleanup after recovery gets it
+            deleter.submit(lambda url=url: self._delete(url), f"unreferenced state file {url}")
         with self._lock:
             self.deleted.extend(urls)
         return urls
