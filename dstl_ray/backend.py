@@ -8,7 +8,9 @@ bytes. Every change is applied to the table AND appended to the backend's change
 plus the changelog handle after the last materialized sqn ("Performing a checkpoint").
 
 Thread model: state access from one thread (the task); upload completions arrive on pool
-threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used").
+threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used"). No file
+delete runs under the lock: what the lock's holders free goes to the background deleter
+(:mod:`dstl_ray.deleter`), and ``close`` waits for it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .deleter import background_deleter
 from .errors import (
     CheckpointError,
     DstlError,
@@ -216,6 +219,8 @@ class ChangelogKeyedStateBackend:
         self._ser: Serializer = serializer or TaggedSerializer()
         self._pool = executor or _POOL
         self._storage = get_storage(self.job_path)
+        # deletes decided under our lock or on a delivery thread run here (deleter.py)
+        self._deleter = background_deleter()
         merging = file_merging or FileMergingOptions.from_config(getattr(client, "config", None))
         # FLIP-306: materializations go into segment files of this subtask's own directory
         self._merging = (SubtaskFileManager(self._storage, self.job_path, operator_id,
@@ -524,8 +529,8 @@ class ChangelogKeyedStateBackend:
             if self._closed:  # never part of any checkpoint
                 if self._merging is not None:
                     self._merging.discard(h.path, h.offset)
-                else:
-                    self._storage.delete(url)
+                else:  # not under our lock: a slow delete would hold up state access
+                    self._deleter.delete(self._storage, url)
                 raise CheckpointError("backend closed during materialization")
             self._set_state_file(h)
             self._materialized_sqn = max(self._materialized_sqn, sqn)
@@ -671,3 +676,7 @@ class ChangelogKeyedStateBackend:
             self._registry.unpin_all(self._owner)
         if self._merging is not None:
             self._merging.close()
+        # what closing freed (unused uploads, unpinned and unused files) is gone on return
+        if not self._deleter.flush(timeout=60):
+            log.warning("closing %s: deletes still pending after 60 s; orphan cleanup after "
+                        "recovery removes what is left", self.operator_id)

@@ -9,12 +9,20 @@ import logging
 import os
 import re
 import threading
+import time
 import uuid
 from typing import Any
 
 from . import tracing
 from .config import ChangelogConfig
-from .errors import ConfigError, DstlError, NamespaceError, NodeUnavailableError
+from .deleter import background_deleter
+from .errors import (
+    ConfigError,
+    DstlError,
+    NamespaceError,
+    NodeUnavailableError,
+    PersistError,
+)
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment
 from .keygroups import KeyGroupRange
@@ -25,6 +33,8 @@ from .upload import Uploader
 from .writer import StateChangelogWriter
 
 log = logging.getLogger(__name__)
+
+_Batch = list[tuple[PersistRequest, concurrent.futures.Future]]
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -71,7 +81,14 @@ def ensure_ray(namespace: str, address: str | None = None) -> None:
 
 class RayNodeTransport:
     """Writers of one client talk to the nearest ``ChangelogNode`` actor. If that actor dies
-    (Ray restarts it), the transport finds it again and re-registers its writers."""
+    (Ray restarts it), the transport finds it again and re-registers its writers.
+
+    Every persist call has a deadline (``persist_timeout_s``): a node actor that does not
+    answer in time (hung, overloaded, its upstream stuck) fails the call's requests with
+    :class:`PersistError`, so the writers send their changes again with their next request
+    instead of waiting forever. When such a call answers after all, the segments it reports
+    are released unused, so the node deletes files nobody will name.
+    """
 
     def __init__(self, job_id: str, namespace: str, node_name: str | None = None,
                  caller_namespace: str | None = None) -> None:
@@ -81,6 +98,12 @@ class RayNodeTransport:
         self._lock = threading.Lock()
         self._cond = threading.Condition()
         self._queue: list[tuple[PersistRequest, concurrent.futures.Future]] = []
+        # calls sent and not answered: call number -> (deadline, its requests)
+        self._inflight: dict[int, tuple[float, _Batch]] = {}
+        self._calls = 0
+        self.timeouts = 0  # persist calls failed by the deadline
+        self.late_released = 0  # segments of late answers released unused
+        self._deleter = background_deleter()  # releases run off the caller's locks
         self._sender: threading.Thread | None = None
         self._deliveries = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="dstl-deliver")
@@ -172,21 +195,56 @@ class RayNodeTransport:
     def _send_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue:
-                    self._cond.wait()
+                while True:
+                    expired = self._take_expired(time.monotonic())
+                    if self._queue or expired:
+                        break
+                    nearest = min((d for d, _ in self._inflight.values()), default=None)
+                    self._cond.wait(None if nearest is None
+                                    else max(0.0, nearest - time.monotonic()))
                 batch, self._queue = self._queue, []
+                if batch:
+                    self._calls += 1
+                    call = self._calls
+                    self._inflight[call] = (
+                        time.monotonic() + self.config.effective_persist_timeout_s, batch)
+            for b in expired:  # off this thread: failing a future runs writers' callbacks
+                self._deliveries.submit(self._fail, b, PersistError(
+                    f"node actor {self.node_name} did not answer {len(b)} persist "
+                    f"request(s) within persist_timeout_s="
+                    f"{self.config.effective_persist_timeout_s:g}s; the changes are "
+                    f"kept and go again with the next request"))
+            if not batch:
+                continue
             try:
                 ref = self._ensure().persist_many.remote([r for r, _ in batch])
                 # Ray runs this callback on its own event thread: hand the results to ours,
                 # since what they trigger (writers, backends, users' callbacks, releases)
                 # may call Ray, and a Ray call from Ray's event thread never returns
                 ref.future().add_done_callback(
-                    lambda f, b=batch: self._deliveries.submit(self._deliver, b, f))
+                    lambda f, c=call, b=batch: self._answered(c, b, f))
             except Exception as e:  # noqa: BLE001 - every request of the batch learns it
+                with self._cond:
+                    self._inflight.pop(call, None)
                 self._fail(batch, e)
 
-    def _deliver(self, batch: list[tuple[PersistRequest, concurrent.futures.Future]],
-                 f: concurrent.futures.Future) -> None:
+    def _take_expired(self, now: float) -> list[_Batch]:
+        """Calls past their deadline, no longer in flight (caller holds ``_cond``)."""
+        gone = [c for c, (d, _) in self._inflight.items() if d <= now]
+        self.timeouts += len(gone)
+        return [self._inflight.pop(c)[1] for c in gone]
+
+    def _answered(self, call: int, batch: _Batch, f: concurrent.futures.Future) -> None:
+        """On Ray's event thread: the answer is in time if its call is still in flight now
+        (not when our delivery thread gets to it)."""
+        with self._cond:
+            late = self._inflight.pop(call, None) is None
+        self._deliveries.submit(self._deliver, batch, f, late)
+
+    def _deliver(self, batch: _Batch, f: concurrent.futures.Future, late: bool) -> None:
+        if late:
+            self._release_late(batch, f)
+            return
         try:
             e = f.exception()
             if e is not None:
@@ -204,8 +262,23 @@ class RayNodeTransport:
         except BaseException as e:  # noqa: BLE001 - never leave a writer's future pending
             self._fail(batch, e)
 
-    def _fail(self, batch: list[tuple[PersistRequest, concurrent.futures.Future]],
-              e: BaseException) -> None:
+    def _release_late(self, batch: _Batch, f: concurrent.futures.Future) -> None:
+        """A call answered after its deadline failed its requests: the writers re-sent
+        (or will re-send) those changes, so the segments it reports are nobody's; release
+        them unused and their node deletes the files once nothing else is in them."""
+        if f.cancelled() or f.exception() is not None:
+            return
+        results = f.result()
+        if not isinstance(results, list) or len(results) != len(batch):
+            return
+        for (request, _), result in zip(batch, results, strict=True):
+            if isinstance(result, Segment):
+                self.late_released += 1
+                log.info("late answer from %s: releasing %s of log %s unused",
+                         self.node_name, result.path, request.log_id)
+                self.release(result, request.log_id, False)
+
+    def _fail(self, batch: _Batch, e: BaseException) -> None:
         import ray
 
         if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
@@ -242,6 +315,19 @@ class RayNodeTransport:
 
     def release(self, segment: Segment, log_id: str, used: bool,
                 last_checkpoint: int = -1) -> None:
+        """Tell the node that wrote ``segment`` that ``log_id`` is done with it. In the
+        background: callers hold a backend's lock or are the delivery thread, and finding
+        the actor is a call to Ray's GCS."""
+        self._deleter.submit(lambda: self._release_now(segment, log_id, used,
+                                                       last_checkpoint),
+                             f"{segment.path} (release by log {log_id})")
+
+    def flush_releases(self, timeout: float | None = 60.0) -> bool:
+        """Wait until the releases handed over so far reached their nodes' actor queues."""
+        return self._deleter.flush(timeout)
+
+    def _release_now(self, segment: Segment, log_id: str, used: bool,
+                     last_checkpoint: int) -> None:
         import ray
 
         try:
@@ -269,6 +355,7 @@ class DirectTransport:
                         if storage_options is not None
                         else storage_for(self.base_path, self.config))
         self.uploader = Uploader(self.storage, self.config)
+        self._deleter = background_deleter()  # release runs under a backend's lock
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
         self.node_key = f"direct-{os.getpid()}"
         self.files: dict[str, set[str]] = {}
@@ -304,7 +391,11 @@ class DirectTransport:
                 return
             del self.files[segment.path]
         if not used:
-            self.storage.delete(join(self.job_path, segment.path))
+            self._deleter.delete(self.storage, join(self.job_path, segment.path))
+
+    def flush_releases(self, timeout: float | None = 60.0) -> bool:
+        """Wait until the deletes of released files handed over so far ran."""
+        return self._deleter.flush(timeout)
 
 
 class StateChangelogClient:
@@ -348,9 +439,11 @@ class StateChangelogClient:
         return w
 
     def close(self) -> None:
+        """Close every writer; what they released is deleted (or its node told) on return."""
         for w in self._writers:
             w.close()
         self._writers.clear()
+        background_deleter().flush(timeout=60)
 
     def __enter__(self) -> StateChangelogClient:
         return self

@@ -102,6 +102,12 @@ class ChangelogConfig:
         3, "Attempts per DFS upload, the first included (Flink: retry-policy fixed, 3).", 1, 100)
     retry_delay_s: float = _opt(
         0.5, "Delay after a failed attempt (Flink: upload.next-attempt-delay 500 ms).", 0.0, 600.0)
+    persist_timeout_s: float = _opt(
+        0.0, "A writer's persist request whose node actor has not answered after this long "
+        "fails (PersistError) and its changes go again with the writer's next request; a "
+        "late answer's files are released (0: derived, 2 x (max_attempts x (upload_timeout_s "
+        "+ retry_delay_s) + 30 s): a node gives its parent that long, then flushes itself).",
+        0.0, 86400.0)
     compression: str = _opt(
         "none", "Compression of changelog files: none or zstd (Flink: compression disabled).",
         choices=COMPRESSIONS)
@@ -211,6 +217,20 @@ class ChangelogConfig:
         return f"ChangelogConfig({', '.join(parts)})"
 
     __str__ = __repr__
+
+    @property
+    def upload_deadline_s(self) -> float:
+        """How long one DFS upload may take with all its tries: max_attempts x
+        (upload_timeout_s + retry_delay_s). Queueing for an upload thread counts against it,
+        not against an attempt's own timeout (see :mod:`dstl_ray.upload`)."""
+        return self.max_attempts * (self.upload_timeout_s + self.retry_delay_s)
+
+    @property
+    def effective_persist_timeout_s(self) -> float:
+        """``persist_timeout_s``, or the value derived from the upload options when 0."""
+        if self.persist_timeout_s > 0:
+            return self.persist_timeout_s
+        return 2 * (self.upload_deadline_s + 30.0)
 
     @property
     def hedging_enabled(self) -> bool:

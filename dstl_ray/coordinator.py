@@ -4,7 +4,15 @@ Flink's retained checkpoints and restore modes; FLINK-5053 savepoints).
 
 A checkpoint is complete only when every backend's snapshot is durable and
 ``{base}/{job}/chk-{n}/_metadata`` is written atomically; any failure declines it. Several
-checkpoints may be pending at once; they complete in trigger order.
+checkpoints may be pending at once.
+
+Deadlines and order (Flink's ``execution.checkpointing.timeout`` and its completion rules): a
+checkpoint has ONE deadline, ``checkpoint_timeout_s`` from its trigger, for all its backends
+together; when it passes before every snapshot is in, the checkpoint is declined. Each pending
+checkpoint waits on its own, so a hung one never holds up later ones. Completed checkpoints
+still form a rising sequence: when checkpoint n completes, every pending checkpoint older
+than n is declined as subsumed (it could only complete into the past), and an older one that
+is ready after a newer one completed is declined, never written.
 """
 
 from __future__ import annotations
@@ -12,12 +20,14 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import logging
+import math
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from .backend import ChangelogKeyedStateBackend
-from .errors import CheckpointDeclinedError, DstlError, RestoreError
+from .errors import CheckpointDeclinedError, ConfigError, DstlError, RestoreError
 from .lease import Incarnation, JobLease
 from .recovery import (
     CompletedCheckpoint,
@@ -32,6 +42,8 @@ from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 from .storage import get_storage, join, normalize_url
 
 log = logging.getLogger(__name__)
+
+DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0  # Flink's execution.checkpointing.timeout: 10 min
 
 
 class CheckpointRetention(enum.StrEnum):
@@ -53,9 +65,18 @@ class PendingCheckpoint:
     """A triggered checkpoint; ``result()`` gives the :class:`CompletedCheckpoint` or raises
     :class:`CheckpointDeclinedError`."""
 
-    def __init__(self, checkpoint_id: int, future: concurrent.futures.Future) -> None:
+    def __init__(self, checkpoint_id: int, future: concurrent.futures.Future,
+                 abort: concurrent.futures.Future | None = None,
+                 snapshots: list[concurrent.futures.Future] | None = None) -> None:
         self.checkpoint_id = checkpoint_id
         self.future = future
+        # set (to the reason) to decline it before its snapshots are in
+        self.abort: concurrent.futures.Future = abort or concurrent.futures.Future()
+        self.snapshots = snapshots or []  # its backends' snapshot futures
+
+    def ready(self) -> bool:
+        """Every snapshot is in (or failed): it commits or declines without waiting."""
+        return all(f.done() for f in self.snapshots)
 
     def result(self, timeout: float | None = 60.0) -> CompletedCheckpoint:
         return self.future.result(timeout)
@@ -71,9 +92,17 @@ class CheckpointCoordinator:
                  retained: int = 1,
                  retention: CheckpointRetention = CheckpointRetention.RETAIN_ON_CANCELLATION,
                  max_concurrent: int = 4, registry: SharedStateRegistry | None = None,
+                 checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
                  lease_ttl_s: float = 30.0) -> None:
         if retained < 1 or max_concurrent < 1:
             raise ValueError("retained and max_concurrent must be >= 1")
+        if (isinstance(checkpoint_timeout_s, bool)
+                or not isinstance(checkpoint_timeout_s, (int, float))
+                or not 0 < checkpoint_timeout_s < math.inf):
+            raise ConfigError(f"option checkpoint_timeout_s must be a number of seconds > 0 "
+                              f"(Flink's checkpoint timeout, default "
+                              f"{DEFAULT_CHECKPOINT_TIMEOUT_S:g}), got {checkpoint_timeout_s!r}")
+        self.checkpoint_timeout_s = float(checkpoint_timeout_s)
         self.job_id = job_id
         self.base_path = normalize_url(base_path)
         self.job_path = join(self.base_path, job_id)
@@ -89,7 +118,11 @@ class CheckpointCoordinator:
         self._pending: dict[int, PendingCheckpoint] = {}
         self._in_progress: set[int] = set()  # checkpoint ids triggered and not yet finished
         self._next_id = 1
-        self._finisher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-cc")
+        # one thread per pending checkpoint waits for its snapshots (declines need no wait);
+        # metadata writes and the retained list change one checkpoint at a time
+        self._finisher = concurrent.futures.ThreadPoolExecutor(
+            max_concurrent + 2, thread_name_prefix="dstl-cc")
+        self._commit_lock = threading.Lock()
         # one live driver per job; taken when the job starts (restore, first checkpoint)
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage)
         self.declined = 0
@@ -164,8 +197,10 @@ class CheckpointCoordinator:
         return n
 
     def trigger_checkpoint(self) -> PendingCheckpoint:
-        """Checkpoint n: every backend's snapshot, then the metadata file (asynchronously)."""
+        """Checkpoint n: every backend's snapshot, then the metadata file (asynchronously).
+        Declined if the snapshots are not all in ``checkpoint_timeout_s`` after now."""
         self.incarnation  # noqa: B018 - the job's lease, before anything is written
+        deadline = time.monotonic() + self.checkpoint_timeout_s
         with self._lock:
             n = self._new_id()
             self._in_progress.add(n)
@@ -183,8 +218,12 @@ class CheckpointCoordinator:
                 except DstlError as e:
                     error = e
                     break
-        pc = PendingCheckpoint(n, self._finisher.submit(self._finish, n, futures, error))
-        with self._lock:
+        abort: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:  # registered before it can finish: _forget must find it
+            pc = PendingCheckpoint(n, self._finisher.submit(
+                self._finish, n, futures, error, deadline, abort,
+                [f"{b.operator_id}[{b.key_group_range.start}-{b.key_group_range.end}]"
+                 for b in backends]), abort, futures)
             self._pending[n] = pc
         pc.future.add_done_callback(lambda _f: self._forget(n))
         return pc
@@ -196,17 +235,53 @@ class CheckpointCoordinator:
         self._notify_subsumed()
 
     def _finish(self, n: int, futures: list[concurrent.futures.Future],
-                error: BaseException | None) -> CompletedCheckpoint:
-        snaps: list[KeyedStateSnapshot] = []
-        for f in futures:
-            try:
-                snaps.append(f.result(timeout=300))
-            except BaseException as e:  # noqa: BLE001 - any failure declines
-                error = error or e
+                error: BaseException | None, deadline: float,
+                abort: concurrent.futures.Future, names: list[str]) -> CompletedCheckpoint:
+        """Wait for the snapshots until the checkpoint's deadline, then commit or decline.
+        The first failed snapshot, the deadline, or a newer checkpoint completing (``abort``)
+        declines it at once; snapshots still running then are not waited for (what they
+        upload stays pinned by their backends). Once its snapshots are in, it lets older
+        checkpoints whose snapshots are in too finish first, so checkpoints that are not
+        held up still complete in trigger order; an older one still waiting for a snapshot
+        is not waited for (it is subsumed when this one completes)."""
+        waiting = set(futures)
+        while error is None and waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = [name for name, f in zip(names, futures, strict=False)
+                        if f in waiting]
+                error = TimeoutError(
+                    f"checkpoint {n} expired: {len(late)} of {len(futures)} backend "
+                    f"snapshot(s) not done within checkpoint_timeout_s="
+                    f"{self.checkpoint_timeout_s:g}s: {', '.join(late)}")
+                break
+            done, _ = concurrent.futures.wait(waiting | {abort}, timeout=left,
+                                              return_when=concurrent.futures.FIRST_COMPLETED)
+            if abort in done:
+                error = abort.result()
+                break
+            waiting -= done
+            for f in done:
+                if f.cancelled() or f.exception() is not None:
+                    error = (concurrent.futures.CancelledError() if f.cancelled()
+                             else f.exception())
+                    break
+        if error is None:
+            with self._lock:
+                older = [p.future for m, p in self._pending.items()
+                         if m < n and p.ready() and not p.future.done()]
+            concurrent.futures.wait(older, timeout=max(0.0, deadline - time.monotonic()))
+        snaps = [f.result() for f in futures
+                 if f.done() and not f.cancelled() and f.exception() is None]
         return self._commit(n, snaps, error)
 
     def _commit(self, n: int, snaps: list[KeyedStateSnapshot], error: BaseException | None
                 ) -> CompletedCheckpoint:
+        with self._commit_lock:  # one metadata write and retained-list change at a time
+            return self._commit_locked(n, snaps, error)
+
+    def _commit_locked(self, n: int, snaps: list[KeyedStateSnapshot],
+                       error: BaseException | None) -> CompletedCheckpoint:
         url = join(self.job_path, f"chk-{n}", METADATA_FILE)
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps))
@@ -216,6 +291,11 @@ class CheckpointCoordinator:
             if error is not None:
                 raise error
             self.lease.check()  # a fenced driver never writes metadata
+            with self._lock:
+                newest = self._retained[-1].checkpoint_id if self._retained else -1
+            if newest > n:  # completed checkpoints only ever rise
+                raise CheckpointDeclinedError(f"checkpoint {n} subsumed: checkpoint {newest} "
+                                              f"completed first")
             text = meta.to_json().encode()
             self.storage.write_file(url, text)
         except BaseException as e:  # noqa: BLE001
@@ -230,7 +310,12 @@ class CheckpointCoordinator:
             self._retained.append(cc)
             subsumed = self._retained[:-self.retained_count]
             self._retained = self._retained[-self.retained_count:]
+            older = [p for m, p in self._pending.items() if m < n]
         self.registry.checkpoint_finished(n)
+        for p in older:  # Flink: completing n aborts the pending checkpoints before it
+            if not p.abort.done():
+                p.abort.set_result(CheckpointDeclinedError(
+                    f"checkpoint {p.checkpoint_id} subsumed: checkpoint {n} completed first"))
         for old in subsumed:
             self._discard(old)
         return cc
@@ -443,6 +528,7 @@ class CheckpointCoordinator:
                 gone, self._retained = self._retained, []
             for cc in gone:
                 self._discard(cc)
+        self.registry.flush(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)
 

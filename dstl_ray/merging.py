@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ChangelogConfig
+from .deleter import Deleter, background_deleter
 from .errors import ConfigError
 from .keygroups import KeyGroupRange
 from .materialization import MAT_SUFFIX, SHARED_DIR
@@ -159,10 +160,12 @@ class FilePool:
     suffix = ""
 
     def __init__(self, storage: Storage, job_path: str, directory: str,
-                 options: FileMergingOptions, stats: PoolStats) -> None:
+                 options: FileMergingOptions, stats: PoolStats,
+                 deleter: Deleter | None = None) -> None:
         self.storage, self.job_path, self.dir, self.options = (storage, job_path, directory,
                                                                 options)
         self.stats = stats
+        self.deleter = deleter  # None: dead files are deleted in the calling thread
         self.watermark = -1
         self._files: dict[str, Any] = {}
         self._cond = threading.Condition()
@@ -237,11 +240,18 @@ class FilePool:
 
     def _delete(self, files: list[PooledFile]) -> None:
         for f in files:
+            if self.deleter is not None:  # off the caller's locks (a backend's)
+                self.deleter.submit(lambda f=f: self._delete_one(f), f"merged file {f.rel}")
+                continue
             try:
-                self.storage.delete(join(self.job_path, f.rel))
-                self.stats.files_deleted += 1
+                self._delete_one(f)
             except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup gets it
                 log.warning("cannot delete merged file %s: %s", f.rel, e)
+
+    def _delete_one(self, f: PooledFile) -> None:
+        self.storage.delete(join(self.job_path, f.rel))
+        with self._cond:
+            self.stats.files_deleted += 1
 
 
 class SubtaskFileManager(FilePool):
@@ -251,11 +261,13 @@ class SubtaskFileManager(FilePool):
     suffix = MAT_SUFFIX
 
     def __init__(self, storage: Storage, job_path: str, operator_id: str,
-                 key_group_range: KeyGroupRange, options: FileMergingOptions) -> None:
+                 key_group_range: KeyGroupRange, options: FileMergingOptions,
+                 deleter: Deleter | None = None) -> None:
         options.check_storage(job_path)
         self.stats: MergingStats = MergingStats()
+        # a backend calls us under its lock: dead files go to the background deleter
         super().__init__(storage, job_path, subtask_dir(operator_id, key_group_range),
-                         options, self.stats)
+                         options, self.stats, deleter or background_deleter())
 
     def _new_file(self, rel: str) -> PhysicalFile:
         return PhysicalFile(rel)

@@ -55,4 +55,7 @@ class Transport(Protocol):
     def send(self, request: PersistRequest) -> concurrent.futures.Future[Segment]: ...
 
     def release(self, segment: Segment, log_id: str, used: bool,
-                last_checkpoint: int = -1) -> None: ...
+                last_checkpoint: int = -1) -> None:
+        """``log_id`` is done with ``segment``. Callers may hold a backend's lock, so the
+        delete (or the call to its node) may run in the background; a transport that does
+        so also has ``flush_releases(timeout) -> bool`` to wait for it."""

@@ -15,7 +15,9 @@ deleted only when
   subtask deletes those files itself, by segment use and subsumed watermark. Once nobody
   claims a directory (its subtask rescaled away), its files go by reference count here.
 
-Thread-safe; deletes run outside the lock.
+Thread-safe. Deletes run outside the lock, on a background :class:`~dstl_ray.deleter.Deleter`:
+pins change under a backend's lock and on a client's delivery thread, which a slow object
+store delete must not hold up (a file decided dead stays dead, so deleting it later is safe).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 
+from .deleter import Deleter, background_deleter
 from .errors import DstlError
 from .snapshot import file_name
 from .storage import get_storage
@@ -40,8 +43,12 @@ class SharedStateRegistry:
     """Reference counts of shared state files, by file name."""
 
     def __init__(self, delete: Callable[[str], None] = _delete_url,
-                 list_files: Callable[[str], list[str]] | None = None) -> None:
+                 list_files: Callable[[str], list[str]] | None = None,
+                 deleter: Deleter | None = None) -> None:
+        """``delete`` deletes one URL; it runs on ``deleter`` (default: the process's
+        background deleter)."""
         self._delete = delete
+        self._deleter = deleter
         # lists a directory that nobody claims any more: its files the registry forgot
         # (their owner was to delete them, and may have died first) become candidates
         self._list_files = list_files
@@ -207,8 +214,13 @@ class SharedStateRegistry:
 
     # ------------------------------------------------------------------ deletion
 
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait for the deletes handed over so far (close paths, tests)."""
+        return (self._deleter or background_deleter()).flush(timeout)
+
     def collect(self) -> list[str]:
-        """Delete every candidate no pending checkpoint can still name; returns their URLs."""
+        """Delete every candidate no pending checkpoint can still name (in the background);
+        returns their URLs."""
         if self.guard is not None:
             try:
                 self.guard()
@@ -227,11 +239,9 @@ class SharedStateRegistry:
                 if self._claimed(n):  # its subtask deletes it
                     continue
                 urls.append(self._urls.pop(n))
-        for url in urls:
-            try:
-                self._delete(url)
-            except DstlError as e:  # orphan cleanup after recovery gets it later
-                log.warning("cannot delete unreferenced state file %s: %s", url, e)
+        deleter = self._deleter or background_deleter()
+        for url in urls:  # a failed or lost delete: orphan cleanup after recovery gets it
+            deleter.submit(lambda url=url: self._delete(url), f"unreferenced state file {url}")
         with self._lock:
             self.deleted.extend(urls)
             self.deleted_count += len(urls)

@@ -349,7 +349,8 @@ class StateChangelogWriter:
 
     def close(self) -> None:
         """Close the log: no more appends; changes never persisted are dropped, and uploads
-        never given out in a handle are discarded (FLIP-158 "Cleanup on shutdown")."""
+        never given out in a handle are discarded (FLIP-158 "Cleanup on shutdown"), by the
+        time it returns (releases run in the transport's background: it waits for them)."""
         if self._closed:
             return
         with self._lock:
@@ -364,6 +365,10 @@ class StateChangelogWriter:
             self._open = []
         for up in to_release:
             self._release(up)
+        flush = getattr(self._transport, "flush_releases", None)
+        if to_release and flush is not None and not flush(60):
+            log.warning("closing writer %s: releases still pending after 60 s (orphan cleanup "
+                        "after recovery removes what is left)", self.log_id)
         try:
             self._transport.unregister(self.log_id)
         except DstlError as e:

@@ -267,3 +267,39 @@ def test_persist_results_are_delivered_off_rays_event_thread(tree_factory, names
     threads, changes = ray.get(ray.remote(num_cpus=0)(scenario).remote(namespace), timeout=60)
     assert changes == [b"a", b"b"]
     assert threads and all(t.startswith("dstl-deliver") for t in threads), threads
+
+
+def test_a_node_that_does_not_answer_fails_the_persist_at_its_deadline(tree_factory,
+                                                                       namespace, tmp_path):
+    """The node flushing the batch hangs for 8 s in its DFS write (attempts may take 30 s):
+    the writer's request fails with PersistError after persist_timeout_s (2 s). Before, its
+    future stayed pending until the node answered, however long. The writer's next request
+    sends the changes again and succeeds; the late answer's file is released unused, so its
+    node deletes it (nobody names it)."""
+    import json
+
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.01,
+                        persist_timeout_s=2.0, upload_timeout_s=30.0, max_attempts=1)
+    hang = json.dumps({"script": ["slow:8"], "match": ".dstl"})  # each node's first flush
+    ray.get([tree.node(n).set_fault_spec.remote(hang) for n in tree.nodes], timeout=30)
+    client = StateChangelogClient("jobh", namespace=namespace)
+    w = client.create_writer("op", KeyGroupRange(0, 0))
+    w.append(0, b"a")
+    t0 = time.monotonic()
+    with pytest.raises(PersistError, match="persist_timeout_s=2s"):
+        w.persist_durably(0).result(timeout=30)
+    assert 1.9 <= time.monotonic() - t0 < 7.5  # the deadline, not the node's answer
+    assert w.retained_sqns()  # nothing is lost
+    w.append(0, b"b")
+    h = w.persist_durably(0).result(timeout=30)  # re-sent: the flushing node answers now
+    assert list(h.get_state_changes(0)) == [b"a", b"b"]
+    tr = client.transport
+    deadline = time.monotonic() + 30
+    while tr.late_released < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the hung flush lands at ~8 s; its answer comes late
+    assert tr.timeouts == 1 and tr.late_released == 1
+    while (["file://" + p for p in _dstl_files(tmp_path / "dfs")] != h.file_paths()
+           and time.monotonic() < deadline):
+        time.sleep(0.2)  # released unused: its node deletes it
+    assert ["file://" + p for p in _dstl_files(tmp_path / "dfs")] == h.file_paths()
+    client.close()

@@ -7,6 +7,7 @@ import copy
 import uuid
 
 import dstl_ray as d
+from dstl_ray.deleter import flush_deletes
 from dstl_ray.storage import get_storage
 
 MAXP = 16
@@ -78,6 +79,8 @@ def dump_all(backends) -> dict[str, dict]:
 
 
 def files(base: str, job: str = "job") -> set[str]:
+    """Files of ``job`` once the deletes decided so far ran (they run in the background)."""
+    assert flush_deletes(30)
     root = f"{base.rstrip('/')}/{job}"
     return set(get_storage(root).list_files(root))
 

@@ -37,6 +37,7 @@ def test_registry_tables_stay_bounded_over_many_checkpoints():
         reg.checkpoint_finished(cid)
         if cid > 2:
             reg.release(cid - 2)
+    reg.flush()  # deletes run on the background deleter
     assert len(deleted) == 2998 and reg.deleted_count == 2998
     sizes = reg.size()
     assert sizes["deleted"] <= 1000 and sizes["urls"] <= 4 and sizes["checkpoints"] == 2, sizes
@@ -55,6 +56,8 @@ def test_a_forgotten_file_of_a_directory_nobody_claims_any_more_is_deleted():
     reg.register(1, {"a.dstm": "memory://b/job/shared/s1/a.dstm"})
     reg.checkpoint_finished(1)
     reg.release(1)  # unreferenced, claimed: forgotten, not deleted
+    reg.flush()
     assert deleted == [] and reg.size()["urls"] == 0
     reg.set_claims("checkpoint", ["memory://b/job/shared/s2"])  # rescaled: s1 is nobody's
+    reg.flush()
     assert sorted(deleted) == sorted(on_disk)

@@ -43,3 +43,14 @@ def test_environment_variables():
 def test_every_option_is_documented():
     for name, env, _default, doc in ChangelogConfig.describe():
         assert env == "DSTL_" + name.upper() and len(doc) > 10
+
+
+def test_persist_timeout_is_derived_from_the_upload_options_unless_set():
+    c = ChangelogConfig()
+    assert c.upload_deadline_s == 3 * (1.0 + 0.5)
+    assert c.effective_persist_timeout_s == 2 * (4.5 + 30.0)  # a node's forward, then a flush
+    assert ChangelogConfig(persist_timeout_s=5).effective_persist_timeout_s == 5.0
+    assert ChangelogConfig.from_env(
+        {"DSTL_PERSIST_TIMEOUT_S": "12.5"}).effective_persist_timeout_s == 12.5
+    with pytest.raises(ConfigError, match="persist_timeout_s"):
+        ChangelogConfig(persist_timeout_s=-1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import dstl_ray as d
+from dstl_ray.deleter import flush_deletes
 from dstl_ray.storage import get_storage
 
 from .ckpt_util import MAXP, client
@@ -15,6 +16,7 @@ JOB = "ext"
 
 
 def _files(base: str) -> set[str]:
+    assert flush_deletes(30)  # the deletes decided so far (they run in the background)
     root = f"{base}/{JOB}"
     return set(get_storage(root).list_files(root))
 

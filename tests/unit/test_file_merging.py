@@ -11,6 +11,7 @@ import time
 import pytest
 
 import dstl_ray as d
+from dstl_ray.deleter import flush_deletes
 from dstl_ray.merging import FileMergingOptions
 from dstl_ray.recovery import restore_backends
 
@@ -54,6 +55,7 @@ def _running(tmp_path, parallelism, rounds):
 
 
 def _shared_on_disk(tmp_path) -> set[str]:
+    assert flush_deletes(30)  # the deletes decided so far (they run in the background)
     root = tmp_path / "dfs" / "job" / "shared"
     return {"file://" + os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs}
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_ray import SharedStateRegistry
+from dstl_ray.deleter import Deleter
 
 NAMES = [f"f{i}" for i in range(6)]
 ops = st.lists(st.one_of(
@@ -23,7 +24,7 @@ ops = st.lists(st.one_of(
 @given(ops, st.sets(st.sampled_from(NAMES), max_size=2))
 def test_registry_deletes_only_unreferenced(script, protected):
     deleted: list[str] = []
-    reg = SharedStateRegistry(delete=deleted.append)
+    reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
     reg.protect(protected)
     started: list[int] = []
     refs: dict[int, set[str]] = {}

@@ -158,6 +158,7 @@ def test_preemptive_persist_is_reused_then_discarded_if_unused():
     sqn = w.last_appended_sqn()
     files_with_unused = set(st.list_files(t.job_path))
     w.truncate(before=sqn)
+    assert t.flush_releases(10)  # the delete runs in the background (off the caller's lock)
     left = set(st.list_files(t.job_path))
     assert pre > 0 and len(files_with_unused - left) == 1
     # the files the handle uses are still there
