@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from . import tracing
+from .auth import AUTH_MODE_ENV, use_cluster_auth_mode
 from .config import ChangelogConfig
 from .deleter import background_deleter
 from .errors import (
@@ -46,25 +47,6 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
-def enable_token_auth_if_available() -> None:
-    """Ray 2.60 clusters use token authentication by default; a process that joins one (a
-    driver, a Spark Python worker, the CLI) must send the token. Turn token mode on when a
-    token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)
-    and the user did not choose a mode."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    try:  # what `ray start --address` itself does (it also refreshes Ray's cached config)
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-    except ImportError:  # other Ray versions: the environment variable before ray.init
-        if (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-                or os.path.exists(os.path.expanduser("~/.ray/auth_token"))):
-            os.environ["RAY_AUTH_MODE"] = "token"
-
-
 def ensure_ray(namespace: str, address: str | None = None) -> None:
     """Connect this process to the Ray cluster if it is not connected yet: ``address``, else
     ``RAY_ADDRESS``, else a cluster started with ``ray start`` on this machine, else a new
@@ -73,8 +55,7 @@ def ensure_ray(namespace: str, address: str | None = None) -> None:
 
     if not ray.is_initialized():
         target = address or os.environ.get("RAY_ADDRESS")
-        if target:
-            enable_token_auth_if_available()
+        use_cluster_auth_mode(target)  # the cluster's mode, or it cannot call us back
         ray.init(address=target, namespace=namespace, log_to_driver=False,
                  logging_level=logging.WARNING)
 
@@ -285,6 +266,14 @@ class RayNodeTransport:
                           NodeUnavailableError)):
             with self._lock:
                 self._stale = True  # find the (restarted) node again next time
+        if isinstance(e, ray.exceptions.OwnerDiedError):
+            # the owner of the request is this very process, alive: the node's Ray node could
+            # not call it back to fetch the request (dstl_ray.auth)
+            e = PersistError(
+                f"node actor {self.node_name} could not fetch this process's persist request: "
+                f"Ray took this process for dead because the cluster cannot call it back "
+                f"(is {AUTH_MODE_ENV}={os.environ.get(AUTH_MODE_ENV, '<unset>')!r} the "
+                f"cluster's authentication mode?): {type(e).__name__}: {e}")
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(e)
