@@ -13,11 +13,16 @@ picked by a seeded RNG at random moments:
   commit log (the sink raises); a new operator and query resume from the same checkpoint
   location, and Spark replays the batch.
 
+A last round is one micro-batch of ``--big-keys`` distinct keys (1,000,000 by default: each
+subtask's persist request is tens of MB, far above Ray's inline limit, fetched from the Spark
+Python worker that sent it), with an executor kill, a node-actor kill or a task failure injected
+while it runs.
+
 After each round: the state of the latest checkpoint, restored from storage, must equal the
 recomputation (changes lost = keys whose count or sum differ). At the end a new operator
 start runs orphan cleanup, and storage must hold exactly the retained checkpoints' files.
 
-Run: python -m experiments.chaos_spark [--quick] [--seed N]
+Run: python -m experiments.chaos_spark [--quick] [--seed N] [--big-keys N]
 """
 
 from __future__ import annotations
@@ -61,8 +66,11 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--rounds", type=int, default=0)
+    p.add_argument("--big-keys", type=int, default=-1,
+                   help="distinct keys of the last round's one micro-batch (0: no such round)")
     args = p.parse_args()
     rounds = args.rounds or (3 if args.quick else 12)
+    big_keys = args.big_keys if args.big_keys >= 0 else (20_000 if args.quick else 1_000_000)
 
     import ray
     from pyspark import cloudpickle
@@ -71,7 +79,13 @@ def main() -> None:
     from dstl_ray.deploy import start_local_cluster
     from dstl_ray.storage import get_storage
     from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
-    from spark_glue.pipeline import SCHEMA, diff, recompute, write_event_file
+    from spark_glue.pipeline import (
+        SCHEMA,
+        diff,
+        recompute,
+        write_distinct_key_file,
+        write_event_file,
+    )
     from spark_glue.session import kill_executor
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -85,15 +99,17 @@ def main() -> None:
     events: list[dict[str, Any]] = []
     lost = verified = leaked = 0
     checkpoints = recoveries = 0
+    big: dict[str, Any] = {}
     t_start = time.time()
     try:
         tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
                       detached=False)
         spark = start_spark("chaos-spark", num_executors=3, executor_cores=1,
-                            executor_memory="512M")
-        state = {"die_at": None}
+                            executor_memory="1G" if big_keys > 100_000 else "512M")
+        state: dict[str, Any] = {"die_at": None, "max_keys": 0}
 
         def sink(batch_id: int, _out: list[Any]) -> None:
+            state["max_keys"] = max(state["max_keys"], len(_out))  # one output per key
             if state["die_at"] is not None and batch_id >= state["die_at"]:
                 state["die_at"] = None
                 raise _DriverDies(f"chaos: driver dies after checkpoint {batch_id}")
@@ -105,18 +121,25 @@ def main() -> None:
 
         op = new_op()
         n_files = 0
-        for r in range(rounds):
-            for _ in range(4):
-                write_event_file(src, n_files, 400, 300, seed=args.seed)
+        for r in range(rounds + (big_keys > 0)):
+            is_big = r == rounds
+            if is_big:  # ONE micro-batch of big_keys distinct keys, faults while it runs
+                write_distinct_key_file(src, n_files, big_keys, seed=args.seed)
                 n_files += 1
-            kinds = rng.sample(KINDS, rng.randint(1, 3))
+                kinds = rng.sample(KINDS[:3], rng.randint(1, 2))
+                t_big = time.time()
+            else:
+                for _ in range(4):
+                    write_event_file(src, n_files, 400, 300, seed=args.seed)
+                    n_files += 1
+                kinds = rng.sample(KINDS, rng.randint(1, 3))
             q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
                  .json(str(src)).writeStream.foreachBatch(op)
                  .option("checkpointLocation", str(chk)).start())
             pending = list(kinds)
             done_before = op.history.total
             while pending:  # inject at random moments while the round runs
-                time.sleep(rng.uniform(0.5, 3.0))
+                time.sleep(rng.uniform(0.5, 3.0) * (1 + 4 * is_big * (big_keys > 100_000)))
                 kind = pending.pop()
                 if kind == "executor_kill":
                     kill_executor(rng.randrange(3))
@@ -124,7 +147,9 @@ def main() -> None:
                     name = rng.choice([s["name"] for s in tree.status()])
                     ray.kill(ray.get_actor(name, namespace=NS), no_restart=False)
                 elif kind == "task_failure":
-                    Path(FLAG["dir"], "fail-key").write_text(f"u{rng.randrange(300)}")
+                    victim = (f"k{rng.randrange(big_keys):07d}" if is_big
+                              else f"u{rng.randrange(300)}")
+                    Path(FLAG["dir"], "fail-key").write_text(victim)
                 elif kind == "driver_restart":
                     state["die_at"] = len(op.history) and op.history[-1].batch_id + 1
                 faults[kind] += 1
@@ -147,6 +172,9 @@ def main() -> None:
                          .json(str(src)).writeStream.foreachBatch(op)
                          .option("checkpointLocation", str(chk)).start())
             Path(FLAG["dir"], "fail-key").unlink(missing_ok=True)
+            if is_big:
+                big = {"keys": big_keys, "faults": kinds,
+                       "duration_s": round(time.time() - t_big, 1)}
             recoveries += sum(1 for k in kinds if k != "driver_restart")
             want = recompute(spark, src)
             problems = diff(op.state(), want, limit=10_000)
@@ -177,6 +205,7 @@ def main() -> None:
         "faults_by_kind": faults, "recoveries": recoveries,
         "checkpoints_completed": checkpoints, "changes_verified": verified,
         "changes_lost": lost, "leaked_files": leaked, "missing_files": missing,
+        "max_keys_per_batch": state["max_keys"], "big_batch": big,
         "duration_s": round(time.time() - t_start, 1), "events": events, "machine": machine(),
     }
     pyplot = plt()

@@ -25,6 +25,19 @@ def write_event_file(folder: Path, index: int, events: int, users: int, seed: in
     return events
 
 
+def write_distinct_key_file(folder: Path, index: int, keys: int, seed: int) -> int:
+    """Write ``keys`` events of ``keys`` distinct users (``k0000000``...) atomically as
+    ``events-{index}.json``: one micro-batch of that many keys; returns the number written."""
+    rng = random.Random(seed * 1_000_003 + index)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".events-{index:05d}.tmp"
+    with open(tmp, "w") as f:
+        for i in range(keys):
+            f.write(f'{{"user": "k{i:07d}", "amount": {rng.randint(1, 100)}}}\n')
+    tmp.rename(folder / f"events-{index:05d}.json")
+    return keys
+
+
 def count_and_sum(key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int]]:
     """Per user: event count and amount sum (ValueState) and a histogram of amounts by bucket
     (MapState); emits (user, count, sum) for the sink."""

@@ -1,5 +1,7 @@
 """The Spark-pipeline chaos harness in its CI size: seeded faults (executor kill, node-actor
-kill, task failure, driver restart) over 3 rounds; no change lost, no file leaked."""
+kill, task failure, driver restart) over 3 rounds, then one micro-batch of 20,000 distinct keys
+(requests far above Ray's inline limit) with faults while it runs; no change lost, no file
+leaked."""
 
 from __future__ import annotations
 
@@ -21,3 +23,4 @@ def test_chaos_spark_quick(tmp_path):
     assert data["changes_lost"] == 0 and data["leaked_files"] == 0
     assert data["missing_files"] == 0 and data["changes_verified"] > 0
     assert data["checkpoints_completed"] >= 6
+    assert data["max_keys_per_batch"] >= 20_000 and data["big_batch"]["faults"]
