@@ -155,6 +155,9 @@ class ChangelogNode:
         self._writers: dict[str, str] = {}  # log id -> job id
         self._namespaces = JobNamespaces()  # job id -> the Ray namespace it may call from
         self._children: set[str] = set()  # child nodes that forward to this one
+        # child -> the jobs it has sources of (told when it registers with us): before a
+        # job's first checkpoint here, the sources a batch of that job waits for
+        self._child_jobs: dict[str, frozenset[str]] = {}
         self._last_seen: dict[str, float] = {}  # source -> time of its last request
         # job -> source -> the newest checkpoint id it sent a request (or a mark) for
         self._ckpt_seen: dict[str, dict[str, int]] = {}
@@ -171,6 +174,7 @@ class ChangelogNode:
         # wait for us (it is re-registered as soon as we forward again)
         self._flushes_self = False
         self._registered_to: str | None = None  # upstream node we are a source of
+        self._registered_jobs: frozenset[str] = frozenset()  # the jobs we told it of
         self._handles: dict[str, Any] = {}
         # up-front routing (FLIP-158 "Future directions"): the ancestor that flushed our last
         # batch, used directly for the next ``routing_horizon`` batches
@@ -300,19 +304,35 @@ class ChangelogNode:
         self._maybe_send_now()
         await self._sync_registration()
 
-    async def register_source(self, child: str) -> None:
+    async def register_source(self, child: str, jobs: list[str] | None = None) -> None:
+        """``child`` forwards its batches here, with sources of ``jobs`` (again whenever that
+        set changes)."""
         self._children.add(child)
         self._last_seen[child] = time.monotonic()
+        if jobs is not None:
+            self._child_jobs[child] = frozenset(jobs)
         await self._sync_registration()
 
     async def unregister_source(self, child: str) -> None:
         self._children.discard(child)
+        self._child_jobs.pop(child, None)
         self._last_seen.pop(child, None)
         self._maybe_send_now()
         await self._sync_registration()
 
     def _sources(self) -> set[str]:
         return set(self._writers) | self._children
+
+    def _source_jobs(self) -> frozenset[str]:
+        """The jobs this node has sources of: its writers' and its children's."""
+        jobs = set(self._writers.values())
+        for child in self._children:
+            jobs |= self._child_jobs.get(child, frozenset())
+        return frozenset(jobs)
+
+    def _of_job(self, source: str, job_id: str) -> bool:
+        return self._writers.get(source) == job_id or job_id in self._child_jobs.get(
+            source, ())
 
     def _upstream(self) -> str | None:
         return self._route if self._route_left > 0 else self.parent
@@ -322,9 +342,12 @@ class ChangelogNode:
         "every source is pending" trigger waits for us, and only for us while we send there."""
         want = self._upstream() if self._sources() and not self._flushes_self else None
         have = self._registered_to
-        if want == have:
+        jobs = self._source_jobs() if want is not None else frozenset()
+        if want == have and jobs == self._registered_jobs:
             return
-        self._registered_to = want
+        self._registered_to, self._registered_jobs = want, jobs
+        if want == have:
+            have = None  # the same upstream: only tell it our jobs again
         # bounded: registration only helps batching, a persist request must never wait on
         # an upstream that is gone but not yet declared dead (a removed Ray node)
         limit = REGISTRATION_TIMEOUT_S
@@ -336,12 +359,12 @@ class ChangelogNode:
             log.debug("%s: cannot unregister from %s: %s", self.name, have, e)
         try:
             if want is not None:
-                await asyncio.wait_for(self._actor(want).register_source.remote(self.name),
-                                       limit)
+                await asyncio.wait_for(self._actor(want).register_source.remote(
+                    self.name, sorted(jobs)), limit)
         except Exception as e:  # noqa: BLE001 - a missing upstream only costs batching delay
             self.counters.registration_failures += 1
             if self._registered_to == want:
-                self._registered_to = None
+                self._registered_to, self._registered_jobs = None, frozenset()
             self._handles.pop(want, None)
             log.warning("%s: cannot register with %s: %s", self.name, want, e)
 
@@ -604,9 +627,13 @@ class ChangelogNode:
     def _late_for(self, job_id: str, checkpoint_id: int) -> set[str]:
         seen = self._ckpt_seen.get(job_id, {})
         previous = max((c for c in seen.values() if c < checkpoint_id), default=None)
-        if previous is None:
-            return set()
         sources = self._sources()
+        if previous is None:
+            # the job's first checkpoint here (after a deploy, a restart of this actor): the
+            # sources that registered for the job and have not sent it yet. A child's first
+            # forward comes after its own delay and its first calls, later than ours times out
+            return {s for s in sources
+                    if self._of_job(s, job_id) and seen.get(s, -1) < checkpoint_id}
         return {s for s, c in seen.items() if c == previous and s in sources}
 
     async def mark(self, job_id: str, source: str, checkpoint_id: int,
@@ -651,6 +678,7 @@ class ChangelogNode:
         for s in idle:
             self._writers.pop(s, None)
             self._children.discard(s)
+            self._child_jobs.pop(s, None)
             self._last_seen.pop(s, None)
             for seen in self._ckpt_seen.values():
                 seen.pop(s, None)
@@ -774,7 +802,7 @@ class ChangelogNode:
                     return await self._forward_or_flush(requests, total, spans, deadline)
                 self.counters.forward_failures += 1
                 self.metrics.error("forward")
-                self._registered_to = None
+                self._registered_to, self._registered_jobs = None, frozenset()
                 log.warning("%s: forwarding to %s failed (%s); flushing to DFS myself",
                             self.name, self.parent, e)
                 for sp in spans or ():

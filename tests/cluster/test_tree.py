@@ -192,3 +192,37 @@ def test_joined_nodes_attach_as_leaves_and_children_reattach(tree_factory, names
                 ray_cluster.remove_node(n)
             except Exception:  # noqa: BLE001 - removed above
                 pass
+
+
+def test_first_checkpoint_after_deploy_is_one_file(tree_factory, namespace, tmp_path):
+    """Issue 16 item 11: before a job's first checkpoint no node knows which of its sources
+    take part, so the root's batching delay (30 ms at the default 10 ms, height 2) ended
+    before the children's first forwards arrived, and the first checkpoint was several
+    files. Now a node waits (up to persist_max_wait_s) for the sources that registered for
+    the job. Staggered here: the root's own writer asks 0.2 s before every other one."""
+    from dstl_ray import KeyGroupRange
+
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", branching_factor=2)
+    st = tree.status()
+    assert max(s["level"] for s in st) >= 2
+    names = [tree.root] + [s["name"] for s in st if s["name"] != tree.root]
+    clients = [StateChangelogClient("first", namespace=namespace, node=n) for n in names]
+    writers = [c.create_writer(f"op{i}", KeyGroupRange(i, i)) for i, c in enumerate(clients)]
+    try:
+        for cp in range(2):
+            for i, w in enumerate(writers):
+                w.append(i, f"cp{cp}-w{i}".encode())
+            first = writers[0].persist_durably(0, checkpoint_id=cp)
+            time.sleep(0.2)
+            rest = [w.persist_durably(0, checkpoint_id=cp) for w in writers[1:]]
+            handles = [f.result(timeout=30) for f in [first, *rest]]
+            new = {s.path for h in handles for s in h.segments[-1:]}
+            assert len(new) == 1, (f"checkpoint {cp}: {len(new)} files", [
+                (s["name"], s["level"], s["batch_triggers"], s["files_flushed"])
+                for s in tree.status()])
+        st = by_name(tree)
+        assert st[tree.root]["files_flushed"] == 2
+        assert sum(s["files_flushed"] for s in st.values()) == 2
+    finally:
+        for c in clients:
+            c.close()
