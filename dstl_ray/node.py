@@ -49,6 +49,7 @@ def current_rss_kb() -> int:
 
 REGISTRATION_TIMEOUT_S = 5.0  # an upstream's (un)register_source call, at most
 REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
+LATE_ANSWER_WAIT_S = 600.0  # an answer later than that: released if it comes this long after
 JOB_IDLE_S = 3600.0  # a job unheard of for this long (and without writers) is forgotten
 
 Result = Segment | BaseException  # per request: its segment, or why it failed
@@ -125,6 +126,7 @@ class NodeCounters:
     incarnations: int = 0  # jobs (re)started under a newer incarnation
     stale_refused: int = 0  # requests of a job's older incarnation, refused
     deadline_expired: int = 0  # requests whose sender's deadline passed here
+    late_answers_released: int = 0  # forwards answered after we gave up: released unused
     jobs_forgotten: int = 0  # idle jobs whose node-side state was dropped
 
 
@@ -174,6 +176,7 @@ class ChangelogNode:
         # wait for us (it is re-registered as soon as we forward again)
         self._flushes_self = False
         self._registered_to: str | None = None  # upstream node we are a source of
+        self._late_answers: set[asyncio.Task] = set()  # forwards we stopped waiting for
         self._registered_jobs: frozenset[str] = frozenset()  # the jobs we told it of
         self._handles: dict[str, Any] = {}
         # up-front routing (FLIP-158 "Future directions"): the ancestor that flushed our last
@@ -225,7 +228,8 @@ class ChangelogNode:
             "idle_sources_dropped": c.idle_sources_dropped,
             "registration_failures": c.registration_failures, "route": self._route,
             "incarnations": c.incarnations, "stale_refused": c.stale_refused,
-            "deadline_expired": c.deadline_expired, "jobs_forgotten": c.jobs_forgotten,
+            "deadline_expired": c.deadline_expired,
+            "late_answers_released": c.late_answers_released, "jobs_forgotten": c.jobs_forgotten,
             "jobs": len(self._job_seen),
             "namespace_refusals": self._namespaces.refused,
             "merged_changelog": {j: ff.stats_dict() for j, ff in self._flush_files.items()},
@@ -749,6 +753,16 @@ class ChangelogNode:
         return DeadlineError(f"persist request of log {r.log_id} (job {r.job_id}) passed its "
                              f"deadline at node {self.name}")
 
+    async def _late_answer(self, answer: asyncio.Future, requests: list[PersistRequest]
+                           ) -> None:
+        try:
+            results = await asyncio.wait_for(answer, LATE_ANSWER_WAIT_S)
+        except BaseException:  # noqa: BLE001 - no answer, nothing written for us to release
+            return
+        if isinstance(results, list) and len(results) == len(requests):
+            self.counters.late_answers_released += 1
+            await self._release_late(requests, results)
+
     async def _release_late(self, requests: list[PersistRequest], results: list[Result]
                             ) -> None:
         """Segments written for a sender that gave up: release them unused, so the file
@@ -853,11 +867,19 @@ class ChangelogNode:
     async def _forward(self, target: str, requests: list[PersistRequest], budget_s: float
                        ) -> list[Result]:
         """``target`` writes nothing for us after ``budget_s`` and releases what it wrote
-        late; we wait a little longer for an answer already on its way."""
-        segs = await asyncio.wait_for(
-            self._actor(target).persist_batch.remote(requests, self.name, budget_s,
-                                                     time.time()),
-            budget_s + REPLY_GRACE_S)
+        late; we wait a little longer for an answer already on its way. An answer later
+        still (a parent paused past its deadline and the grace) is released unused when it
+        comes: we flushed those requests ourselves, nobody will name its segments."""
+        ref = self._actor(target).persist_batch.remote(requests, self.name, budget_s,
+                                                       time.time())
+        answer = asyncio.wrap_future(ref.future())
+        try:
+            segs = await asyncio.wait_for(asyncio.shield(answer), budget_s + REPLY_GRACE_S)
+        except TimeoutError:
+            task = asyncio.get_running_loop().create_task(self._late_answer(answer, requests))
+            self._late_answers.add(task)
+            task.add_done_callback(self._late_answers.discard)
+            raise
         if len(segs) != len(requests):
             raise DstlError(f"{target} returned {len(segs)} results for "
                             f"{len(requests)} requests")
