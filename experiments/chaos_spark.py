@@ -13,16 +13,16 @@ picked by a seeded RNG at random moments:
   commit log (the sink raises); a new operator and query resume from the same checkpoint
   location, and Spark replays the batch.
 
-A last round is one micro-batch of ``--big-keys`` distinct keys (1,000,000 by default: each
-subtask's persist request is tens of MB, far above Ray's inline limit, fetched from the Spark
-Python worker that sent it), with an executor kill, a node-actor kill or a task failure injected
-while it runs.
+The last ``--big-rounds`` rounds are each one micro-batch of ``--big-keys`` distinct keys
+(1,000,000 by default: each subtask's persist request is tens of MB, far above Ray's inline
+limit, fetched from the Spark Python worker that sent it), with an executor kill, a node-actor
+kill and a task failure in turn (and sometimes a second fault) injected while it runs.
 
 After each round: the state of the latest checkpoint, restored from storage, must equal the
 recomputation (changes lost = keys whose count or sum differ). At the end a new operator
 start runs orphan cleanup, and storage must hold exactly the retained checkpoints' files.
 
-Run: python -m experiments.chaos_spark [--quick] [--seed N] [--big-keys N]
+Run: python -m experiments.chaos_spark [--quick] [--seed N] [--big-keys N] [--big-rounds N]
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--big-keys", type=int, default=-1,
-                   help="distinct keys of the last round's one micro-batch (0: no such round)")
+                   help="distinct keys of a big round's one micro-batch (0: no big rounds)")
+    p.add_argument("--big-rounds", type=int, default=1)
     args = p.parse_args()
     rounds = args.rounds or (3 if args.quick else 12)
     big_keys = args.big_keys if args.big_keys >= 0 else (20_000 if args.quick else 1_000_000)
@@ -99,7 +100,8 @@ def main() -> None:
     events: list[dict[str, Any]] = []
     lost = verified = leaked = 0
     checkpoints = recoveries = 0
-    big: dict[str, Any] = {}
+    big: list[dict[str, Any]] = []
+    big_rounds = args.big_rounds if big_keys > 0 else 0
     t_start = time.time()
     try:
         tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
@@ -121,12 +123,14 @@ def main() -> None:
 
         op = new_op()
         n_files = 0
-        for r in range(rounds + (big_keys > 0)):
-            is_big = r == rounds
+        for r in range(rounds + big_rounds):
+            is_big = r >= rounds
             if is_big:  # ONE micro-batch of big_keys distinct keys, faults while it runs
                 write_distinct_key_file(src, n_files, big_keys, seed=args.seed)
                 n_files += 1
-                kinds = rng.sample(KINDS[:3], rng.randint(1, 2))
+                first = KINDS[(r - rounds) % 3]
+                kinds = [first] + rng.sample([k for k in KINDS[:3] if k != first],
+                                             rng.randint(0, 1))
                 t_big = time.time()
             else:
                 for _ in range(4):
@@ -173,8 +177,8 @@ def main() -> None:
                          .option("checkpointLocation", str(chk)).start())
             Path(FLAG["dir"], "fail-key").unlink(missing_ok=True)
             if is_big:
-                big = {"keys": big_keys, "faults": kinds,
-                       "duration_s": round(time.time() - t_big, 1)}
+                big.append({"keys": big_keys, "faults": kinds,
+                            "duration_s": round(time.time() - t_big, 1)})
             recoveries += sum(1 for k in kinds if k != "driver_restart")
             want = recompute(spark, src)
             problems = diff(op.state(), want, limit=10_000)
@@ -205,7 +209,7 @@ def main() -> None:
         "faults_by_kind": faults, "recoveries": recoveries,
         "checkpoints_completed": checkpoints, "changes_verified": verified,
         "changes_lost": lost, "leaked_files": leaked, "missing_files": missing,
-        "max_keys_per_batch": state["max_keys"], "big_batch": big,
+        "max_keys_per_batch": state["max_keys"], "big_batches": big,
         "duration_s": round(time.time() - t_start, 1), "events": events, "machine": machine(),
     }
     pyplot = plt()

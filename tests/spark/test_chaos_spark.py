@@ -23,4 +23,4 @@ def test_chaos_spark_quick(tmp_path):
     assert data["changes_lost"] == 0 and data["leaked_files"] == 0
     assert data["missing_files"] == 0 and data["changes_verified"] > 0
     assert data["checkpoints_completed"] >= 6
-    assert data["max_keys_per_batch"] >= 20_000 and data["big_batch"]["faults"]
+    assert data["max_keys_per_batch"] >= 20_000 and data["big_batches"][0]["faults"]
