@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 log = logging.getLogger(__name__)
 
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 PROBE_TIMEOUT_S = 30.0
+_set_by_us: str | None = None  # the mode this module wrote into the environment
 
 
 def _token_at_hand() -> bool:
@@ -45,20 +47,33 @@ def cluster_requires_token(gcs_address: str, timeout_s: float = PROBE_TIMEOUT_S
                            ) -> bool | None:
     """True if the cluster at ``gcs_address`` refuses a call without a token, False if it
     answers one, None if it did not answer at all (unreachable, too slow). Call it before
-    this process turned token mode on: the probe must go out without a token."""
-    from ray._raylet import GcsClient
-    from ray.exceptions import AuthenticationError
+    this process turned token mode on: the probe must go out without a token. Bounded by
+    ``timeout_s`` (the GCS client's own connection retries are not: it runs in a thread)."""
+    answer: list[bool | None] = []
 
-    try:
-        GcsClient(address=gcs_address).internal_kv_get(b"dstl-auth-probe", None,
-                                                         timeout=timeout_s)
-    except AuthenticationError:
-        return True
-    except Exception as e:  # noqa: BLE001 - no answer: the mode stays undecided
-        log.warning("cannot tell the authentication mode of the Ray cluster at %s: %s: %s",
-                    gcs_address, type(e).__name__, e)
+    def probe() -> None:
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+
+        try:
+            GcsClient(address=gcs_address).internal_kv_get(b"dstl-auth-probe", None,
+                                                             timeout=timeout_s)
+            answer.append(False)
+        except AuthenticationError:
+            answer.append(True)
+        except Exception as e:  # noqa: BLE001 - no answer: the mode stays undecided
+            log.warning("cannot tell the authentication mode of the Ray cluster at %s: "
+                        "%s: %s", gcs_address, type(e).__name__, e)
+
+    t = threading.Thread(target=probe, daemon=True, name="dstl-auth-probe")
+    t.start()
+    t.join(timeout_s)
+    if not answer:
+        if t.is_alive():
+            log.warning("the Ray cluster at %s did not answer within %gs: its "
+                        "authentication mode is unknown", gcs_address, timeout_s)
         return None
-    return False
+    return answer[0]
 
 
 def use_cluster_auth_mode(address: str | None) -> None:
@@ -67,10 +82,16 @@ def use_cluster_auth_mode(address: str | None) -> None:
     this machine; a Ray Client ``ray://`` address is left to Ray). No-op when this process
     chose a mode, when no token is at hand (the mode can only be "disabled"), when no cluster
     is running (``ray.init`` starts one in its own default mode), or once Ray is connected."""
+    global _set_by_us
     import ray
 
-    if ray.is_initialized() or AUTH_MODE_ENV in os.environ:
+    if ray.is_initialized():
         return
+    if AUTH_MODE_ENV in os.environ:
+        if os.environ[AUTH_MODE_ENV] != _set_by_us:
+            return  # the user's (or a parent process's) choice
+        del os.environ[AUTH_MODE_ENV]  # ours, for an earlier cluster: ask this one again
+        _set_by_us = None
     if address is not None and address.startswith("ray://"):
         return
     try:
@@ -89,12 +110,18 @@ def use_cluster_auth_mode(address: str | None) -> None:
     if gcs is None:
         return
     required = cluster_requires_token(gcs)
-    if required:
+    if required is None:
+        # undecided (a slow or unreachable GCS): what Ray itself does with a token at hand,
+        # so a cluster that requires it can still be joined
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        log.info("authentication mode of %s unknown: token authentication on, a token is "
+                 "at hand", gcs)
+    elif required:
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         log.info("the Ray cluster at %s requires its token: token authentication on", gcs)
     elif required is False:
         # written down, so that nothing later (ray.init("auto") itself) turns it on because
         # a token file is at hand; child processes inherit the cluster's mode
-        os.environ[AUTH_MODE_ENV] = "disabled"
+        os.environ[AUTH_MODE_ENV] = _set_by_us = "disabled"
         log.info("the Ray cluster at %s runs without token authentication: so does this "
                  "process, although a token is at hand", gcs)

@@ -49,7 +49,9 @@ def current_rss_kb() -> int:
 
 REGISTRATION_TIMEOUT_S = 5.0  # an upstream's (un)register_source call, at most
 REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
-LATE_ANSWER_WAIT_S = 600.0  # an answer later than that: released if it comes this long after
+# how long a child listens for an answer it stopped waiting for (to release it unused); a
+# later one stays until the job's next recovery deletes what no checkpoint names
+LATE_ANSWER_WAIT_S = 600.0
 JOB_IDLE_S = 3600.0  # a job unheard of for this long (and without writers) is forgotten
 
 Result = Segment | BaseException  # per request: its segment, or why it failed
@@ -100,6 +102,15 @@ class _ByteBudget:
         async with self._cond:
             self.used -= n
             self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class _Released:
+    """What releasing a request's segment needs (not its bytes)."""
+
+    job_id: str
+    log_id: str
+    caller: Caller | None
 
 
 @dataclass
@@ -164,6 +175,7 @@ class ChangelogNode:
         # job -> source -> the newest checkpoint id it sent a request (or a mark) for
         self._ckpt_seen: dict[str, dict[str, int]] = {}
         self._sent_for: dict[str, int] = {}  # job -> newest checkpoint id with a request here
+        self._first_ckpt: dict[str, int] = {}  # job -> first checkpoint id seen here
         self._marked_up: dict[str, int] = {}  # job -> newest checkpoint id marked upstream
         self._extended = False  # the delay is over; waiting for late sources of a checkpoint
         self._pending: list[_Pending] = []
@@ -260,6 +272,7 @@ class ChangelogNode:
                 "last_seen": len(self._last_seen), "jobs": len(self._job_seen),
                 "ckpt_seen": sum(len(v) for v in self._ckpt_seen.values()),
                 "sent_for": len(self._sent_for), "marked_up": len(self._marked_up),
+                "first_ckpt": len(self._first_ckpt), "child_jobs": len(self._child_jobs),
                 "incarnations": len(self._incarnations),
                 "namespaces": self._namespaces.size(), "files": len(self._files),
                 "merged_files": sum(ff.size() for ff in self._flush_files.values()),
@@ -417,6 +430,7 @@ class ChangelogNode:
 
     def _reset_job(self, job_id: str) -> None:
         self._ckpt_seen.pop(job_id, None)
+        self._first_ckpt.pop(job_id, None)
         self._sent_for.pop(job_id, None)
         self._marked_up.pop(job_id, None)
         ff = self._flush_files.pop(job_id, None)
@@ -515,6 +529,9 @@ class ChangelogNode:
         if source not in self._children:  # registered before this actor was restarted
             self._children.add(source)
             asyncio.get_running_loop().create_task(self._sync_registration())
+        # the jobs it has sources of, should its registration (and job list) be lost
+        self._child_jobs[source] = self._child_jobs.get(source, frozenset()) | {
+            requests[i].job_id for i in admitted}
         if admitted:
             res = await self._enqueue([requests[i] for i in admitted], source,
                                       self._request_budget() if budget_s is None
@@ -545,6 +562,7 @@ class ChangelogNode:
                 asyncio.get_running_loop().run_in_executor(
                     None, self._flush_files[r.job_id].subsumed, r.subsumed)
             if r.checkpoint_id >= 0:
+                self._first_ckpt.setdefault(r.job_id, r.checkpoint_id)
                 seen = self._ckpt_seen.setdefault(r.job_id, {})
                 seen[source] = max(seen.get(source, -1), r.checkpoint_id)
                 self._sent_for[r.job_id] = max(self._sent_for.get(r.job_id, -1),
@@ -633,9 +651,12 @@ class ChangelogNode:
         previous = max((c for c in seen.values() if c < checkpoint_id), default=None)
         sources = self._sources()
         if previous is None:
+            if self._first_ckpt.get(job_id) != checkpoint_id:
+                return set()
             # the job's first checkpoint here (after a deploy, a restart of this actor): the
             # sources that registered for the job and have not sent it yet. A child's first
-            # forward comes after its own delay and its first calls, later than ours times out
+            # forward comes after its own delay and its first calls, later than ours times
+            # out. Only the first: a registered source that never sends costs one wait
             return {s for s in sources
                     if self._of_job(s, job_id) and seen.get(s, -1) < checkpoint_id}
         return {s for s, c in seen.items() if c == previous and s in sources}
@@ -649,8 +670,11 @@ class ChangelogNode:
         if type(checkpoint_id) is not int or checkpoint_id < 0:
             raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
         seen = self._ckpt_seen.setdefault(job_id, {})
+        self._first_ckpt.setdefault(job_id, checkpoint_id)
         if source in self._sources():
             seen[source] = max(seen.get(source, -1), checkpoint_id)
+        if source in self._children:
+            self._child_jobs[source] = self._child_jobs.get(source, frozenset()) | {job_id}
         self._last_seen[source] = time.monotonic()
         self._maybe_send_now()
         upstream = self._upstream()
@@ -753,18 +777,17 @@ class ChangelogNode:
         return DeadlineError(f"persist request of log {r.log_id} (job {r.job_id}) passed its "
                              f"deadline at node {self.name}")
 
-    async def _late_answer(self, answer: asyncio.Future, requests: list[PersistRequest]
-                           ) -> None:
+    async def _late_answer(self, answer: asyncio.Future, requests: list[_Released]) -> None:
         try:
             results = await asyncio.wait_for(answer, LATE_ANSWER_WAIT_S)
-        except BaseException:  # noqa: BLE001 - no answer, nothing written for us to release
+        except BaseException:  # noqa: BLE001 - no answer (or too late: recovery cleans up)
             return
         if isinstance(results, list) and len(results) == len(requests):
             self.counters.late_answers_released += 1
             await self._release_late(requests, results)
 
-    async def _release_late(self, requests: list[PersistRequest], results: list[Result]
-                            ) -> None:
+    async def _release_late(self, requests: list[PersistRequest] | list[_Released],
+                            results: list[Result]) -> None:
         """Segments written for a sender that gave up: release them unused, so the file
         goes once nobody else in it needs it (at whichever node flushed it)."""
         for r, x in zip(requests, results, strict=True):
@@ -876,7 +899,8 @@ class ChangelogNode:
         try:
             segs = await asyncio.wait_for(asyncio.shield(answer), budget_s + REPLY_GRACE_S)
         except TimeoutError:
-            task = asyncio.get_running_loop().create_task(self._late_answer(answer, requests))
+            keys = [_Released(r.job_id, r.log_id, r.caller) for r in requests]
+            task = asyncio.get_running_loop().create_task(self._late_answer(answer, keys))
             self._late_answers.add(task)
             task.add_done_callback(self._late_answers.discard)
             raise
