@@ -59,6 +59,9 @@ class FlushFiles(FilePool):
     def __init__(self, storage: Storage, job_path: str, directory: str,
                  options: FileMergingOptions) -> None:
         super().__init__(storage, job_path, directory, options, PoolStats())
+        # logs of writers that died without releasing: log id -> the newest checkpoint id
+        # that may name any of their sections (UNKNOWN_USE: unknown, never freed by watermark)
+        self._dead: dict[str, int] = {}
 
     def _new_file(self, rel: str) -> _File:
         return _File(rel)
@@ -77,8 +80,11 @@ class FlushFiles(FilePool):
                 if offset < f.size:  # deleted under us (recovery's orphan cleanup) and new
                     f.flushes.clear()
                 f.size = offset + len(data)
-                f.flushes[offset] = _Flush(len(data), {(log, offset + off)
-                                                       for log, off in sections})
+                fl = _Flush(len(data), {(log, offset + off) for log, off in sections})
+                f.flushes[offset] = fl
+                for log, _ in sections:  # a dead writer's flush that was still on its way
+                    if log in self._dead:
+                        self._forget_in(fl, log, self._dead[log])
             return f.rel, offset
         except BaseException:
             failed = True  # a torn tail is never named; the next flush takes a new file
@@ -105,6 +111,42 @@ class FlushFiles(FilePool):
                 fl.last_use = max(fl.last_use, last_checkpoint if last_checkpoint >= 0
                                   else UNKNOWN_USE)
         self._collect()
+
+    def forget(self, log_id: str, bound: int) -> int:
+        """The writer of ``log_id`` died without releasing its sections: release every one
+        of them as used by checkpoints no newer than ``bound`` (its local node's acknowledged
+        knowledge: the newest checkpoint id it persisted for, ``UNKNOWN_USE`` if it was ever
+        used without one, -1 if never for any checkpoint). Sections of it that land later
+        are released as they land. Returns how many sections were released."""
+        n = 0
+        with self._cond:
+            self._dead[log_id] = max(self._dead.get(log_id, -1), bound)
+            for f in self._files.values():
+                for fl in f.flushes.values():
+                    n += self._forget_in(fl, log_id, self._dead[log_id])
+        self._collect()
+        return n
+
+    @staticmethod
+    def _forget_in(fl: _Flush, log_id: str, bound: int) -> int:
+        mine = {s for s in fl.sections if s[0] == log_id}
+        if not mine:
+            return 0
+        fl.sections -= mine
+        if bound >= 0:
+            fl.used = True
+            fl.last_use = max(fl.last_use, bound)
+        return len(mine)
+
+    def abandon(self) -> None:
+        with self._cond:
+            self._dead.clear()
+        super().abandon()
+
+    def size(self) -> int:
+        with self._cond:
+            dead = len(self._dead)
+        return super().size() + dead
 
     def retain(self, rel: str, offset: int, log_id: str) -> bool:
         """A restored backend's log now names the section at ``offset`` of ``rel`` too (its

@@ -70,3 +70,58 @@ def test_a_file_goes_only_when_nothing_in_it_can_be_named(tmp_path_factory, rele
     dead = ({idx for idx, _, _ in releases} == {0, 1, 2, 3}
             and all(0 <= last <= wm for _, used, last in releases if used))
     assert _exists(tmp, rel) == (not dead)
+
+
+def test_a_dead_writers_sections_go_once_the_watermark_passes_its_bound(tmp_path):
+    """A writer that died without releasing (a killed process): its sections are released
+    as used by checkpoints up to its bound; the flush stays while another log holds it, and
+    until the watermark passes the bound."""
+    ff = _files(tmp_path)
+    rel, base = ff.append(b"x" * 100, [("dead", 0), ("live", 50)])
+    rel2, base2 = ff.append(b"y" * 40, [("dead", 0)])
+    assert ff.forget("dead", 7) == 2
+    ff.subsumed(6)
+    assert _exists(tmp_path, rel) and _exists(tmp_path, rel2), "checkpoint 7 may name them"
+    ff.subsumed(7)
+    assert _exists(tmp_path, rel), "the live log still holds its section of the first flush"
+    ff.release(rel, base + 50, "live", True, 7)
+    ff.subsumed(8)  # (the file is sealed only when full: it goes with its last flush)
+    assert ff.stats_dict()["live_bytes"] == 0
+
+
+def test_a_dead_writers_flush_landing_later_is_released_as_it_lands(tmp_path):
+    ff = _files(tmp_path)
+    ff.forget("dead", 4)  # declared dead while one of its requests was still in a batch
+    rel, _ = ff.append(b"x" * 30, [("dead", 0)])
+    ff.subsumed(4)
+    assert ff.stats_dict()["live_bytes"] == 0
+
+
+def test_a_dead_writer_with_an_unknown_use_is_never_freed_by_watermark(tmp_path):
+    from dstl_ray.merging import UNKNOWN_USE
+
+    ff = _files(tmp_path)
+    rel, _ = ff.append(b"x" * 30, [("dead", 0)])
+    ff.forget("dead", UNKNOWN_USE)
+    ff.subsumed(10**9)
+    assert _exists(tmp_path, rel) and ff.stats_dict()["live_bytes"] == 30
+
+
+def test_a_dead_writer_that_never_named_a_checkpoint_is_released_unused(tmp_path):
+    ff = _files(tmp_path)
+    rel, base = ff.append(b"x" * 30, [("dead", 0), ("other", 10)])
+    ff.forget("dead", -1)
+    ff.release(rel, base + 10, "other", False, -1)
+    assert ff.stats_dict()["live_bytes"] == 0
+
+
+def test_a_section_retained_by_a_restored_log_outlives_the_dead_writer(tmp_path):
+    ff = _files(tmp_path)
+    rel, base = ff.append(b"x" * 30, [("dead", 0)])
+    assert ff.retain(rel, base, "restored")  # the restored backend names it too
+    ff.forget("dead", 3)
+    ff.subsumed(20)
+    assert _exists(tmp_path, rel), "the restored log has not released it"
+    ff.release(rel, base, "restored", True, 25)
+    ff.subsumed(25)
+    assert ff.stats_dict()["live_bytes"] == 0
