@@ -32,6 +32,9 @@ class PersistRequest:
     # the run of the job it belongs to (dstl_ray.lease.Incarnation; "" outside a coordinated
     # job): nodes keep a job's state per incarnation and refuse older ones
     incarnation: str = ""
+    # the newest checkpoint id its log made a handle for (dstl_ray.writer: ``named``), so
+    # its node knows how far a dead writer's sections may be named
+    named: int = -1
 
     @property
     def size(self) -> int:

@@ -83,6 +83,10 @@ class StateChangelogWriter:
         self._sqn = 0  # sqn of the last closed changeset
         self._truncated = 0  # changesets with sqn <= this were dropped
         self._subsumed = -1  # the job's subsumed watermark, sent with every request
+        # the newest checkpoint id any handle of this log was made for (UNKNOWN_CHECKPOINT,
+        # for good, once one was made without an id), sent with every request: should this
+        # process die without releasing, its node releases its sections up to this one
+        self.named = -1
         # the run of the job this log writes for (set by its backend's coordinator)
         self.incarnation = ""
         self._adopted: list[Segment] = []  # restored segments its backend still names
@@ -146,7 +150,8 @@ class StateChangelogWriter:
             fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace,
                                                         checkpoint_id,
                                                         subsumed=self._subsumed,
-                                                        incarnation=self.incarnation))
+                                                        incarnation=self.incarnation,
+                                                        named=self.named))
         except Exception as e:  # noqa: BLE001 - the node is gone; fail this upload only
             fut = concurrent.futures.Future()
             fut.set_exception(e)
@@ -210,6 +215,8 @@ class StateChangelogWriter:
             raise SqnError(f"checkpoint_id must be an int >= -1, got {checkpoint_id!r}")
         with self._lock:
             self._rollover()
+            self.named = (UNKNOWN_CHECKPOINT if checkpoint_id < 0 or self.named ==
+                          UNKNOWN_CHECKPOINT else max(self.named, checkpoint_id))
             if after > self._sqn:
                 raise SqnError(f"persist_durably(after={after}) is beyond the last appended "
                                f"sqn {self._sqn} of writer {self.log_id}")

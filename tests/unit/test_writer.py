@@ -188,3 +188,30 @@ def test_writers_are_isolated():
     w2.append(0, b"2")
     h1, h2 = w1.persist_durably(0).result(), w2.persist_durably(0).result()
     assert list(h1.get_state_changes(0)) == [b"1"] and list(h2.get_state_changes(0)) == [b"2"]
+
+
+def test_requests_carry_the_newest_checkpoint_the_log_made_a_handle_for():
+    """``named`` tells a node how far a dead writer's sections may be named: the newest
+    checkpoint id, and unknown for good once a handle was made without one."""
+    from dstl_ray.merging import UNKNOWN_USE
+
+    sent = []
+
+    class Recording(DirectTransport):
+        def send(self, request):
+            sent.append(request)
+            return super().send(request)
+
+    _, c = make(transport_cls=Recording)
+    w = c.create_writer("op", KeyGroupRange(0, 0))
+    w.append(0, b"a")
+    w.persist_durably(0, checkpoint_id=3).result(timeout=10)
+    w.append(0, b"b")
+    w.persist_durably(0, checkpoint_id=5).result(timeout=10)
+    w.persist_durably(0, checkpoint_id=4).result(timeout=10)  # nothing new: no request
+    assert [r.named for r in sent] == [3, 5] and w.named == 5
+    w.append(0, b"c")
+    w.persist_durably(0).result(timeout=10)  # a handle for an unknown checkpoint
+    w.append(0, b"d")
+    w.persist_durably(0, checkpoint_id=9).result(timeout=10)
+    assert [r.named for r in sent][2:] == [UNKNOWN_USE, UNKNOWN_USE]
