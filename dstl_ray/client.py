@@ -89,6 +89,7 @@ class RayNodeTransport:
         self._deliveries = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="dstl-deliver")
         self._logs: set[str] = set()
+        self.acked_marks = False  # the tree merges changelog files: marks are awaited
         self._stale = True
         self.node_name = ""
         self.chosen_by = ""
@@ -134,9 +135,11 @@ class RayNodeTransport:
 
     def register(self, log_id: str) -> None:
         for attempt in (1, 2):
-            try:
-                self._call(self._ensure().register_writer.remote(log_id, self.job_id,
-                                                                    self._caller))
+            try:  # a new writer: it made no handle yet (named -1)
+                merged = self._call(self._ensure().register_writer.remote(
+                    log_id, self.job_id, self._caller, -1))
+                if merged:  # the tree merges changelog files: the node keeps our records
+                    self.acked_marks = True
                 break
             except NamespaceError:
                 raise  # the node refuses this job from our namespace: no retry helps
@@ -278,12 +281,34 @@ class RayNodeTransport:
             if not fut.done():
                 fut.set_exception(e)
 
-    def mark(self, log_id: str, checkpoint_id: int) -> None:
-        """Fire and forget: this writer has nothing to send for ``checkpoint_id``."""
+    def mark(self, log_id: str, checkpoint_id: int, named: int | None = None
+             ) -> concurrent.futures.Future[None]:
+        """This writer has nothing to send for ``checkpoint_id``. The future resolves when
+        the node took it: writers wait for that when the node must know ``named`` (the
+        newest checkpoint a handle of theirs is for) before they give a handle out
+        (dstl_ray.dead_writers); for batching alone a lost mark costs only a delay."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
         try:
-            self._ensure().mark.remote(self.job_id, log_id, checkpoint_id, self._caller)
-        except Exception as e:  # noqa: BLE001 - only batching suffers
+            ref = self._ensure().mark.remote(self.job_id, log_id, checkpoint_id, self._caller,
+                                             named)
+        except Exception as e:  # noqa: BLE001 - the node is gone
             log.debug("mark of %s failed: %s", log_id, e)
+            done.set_exception(PersistError(f"mark of log {log_id} for checkpoint "
+                                            f"{checkpoint_id} not sent: {e}"))
+            return done
+
+        def taken(f: concurrent.futures.Future) -> None:
+            e = f.exception()
+            if e is None:
+                done.set_result(None)
+            else:
+                done.set_exception(PersistError(
+                    f"node actor {self.node_name} did not take the mark of log {log_id} for "
+                    f"checkpoint {checkpoint_id}: {type(e).__name__}: {e}"))
+
+        # off Ray's event thread: what the future triggers may call Ray
+        ref.future().add_done_callback(lambda f: self._deliveries.submit(taken, f))
+        return done
 
     def retain(self, segment: Segment, log_id: str, incarnation: str = "") -> None:
         """``log_id`` names ``segment`` (restored) too; synchronous, before any request of

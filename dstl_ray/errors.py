@@ -99,5 +99,10 @@ class StaleIncarnationError(DstlError):
     one (the job was restarted under the same id): it is refused, never mixed in."""
 
 
+class FencedError(DstlError):
+    """The sending process's Ray job was found dead and its writers' merged-file sections
+    released (dstl_ray.dead_writers): nothing more is accepted from it."""
+
+
 class DeadlineError(DstlError, TimeoutError):
     """A request's or checkpoint's deadline passed before it could be completed."""

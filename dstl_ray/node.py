@@ -24,6 +24,7 @@ from typing import Any
 
 from . import tracing
 from .config import ChangelogConfig
+from .dead_writers import DeadWriters, bounds_of
 from .errors import DeadlineError, DstlError, StaleIncarnationError, StorageError
 from .format import FILE_SUFFIX, assemble_file
 from .handle import Segment, check_relative_path
@@ -31,7 +32,7 @@ from .lease import Incarnation
 from .merging import FileMergingOptions
 from .messages import PersistRequest
 from .metrics import NodeMetrics
-from .namespaces import Caller, JobNamespaces
+from .namespaces import Caller, JobNamespaces, dead_ray_job_ids
 from .segment_files import SEGMENTS_DIR, FlushFiles
 from .storage import join, normalize_url, storage_for
 from .upload import Uploader
@@ -139,6 +140,7 @@ class NodeCounters:
     deadline_expired: int = 0  # requests whose sender's deadline passed here
     late_answers_released: int = 0  # forwards answered after we gave up: released unused
     jobs_forgotten: int = 0  # idle jobs whose node-side state was dropped
+    dead_writer_rounds_failed: int = 0  # dead-writer releases put off (a node did not answer)
 
 
 class ChangelogNode:
@@ -189,6 +191,8 @@ class ChangelogNode:
         self._flushes_self = False
         self._registered_to: str | None = None  # upstream node we are a source of
         self._late_answers: set[asyncio.Task] = set()  # forwards we stopped waiting for
+        self._dead = DeadWriters(self.started)  # writers' records, fenced dead processes
+        self._dead_watch: asyncio.Task | None = None
         self._registered_jobs: frozenset[str] = frozenset()  # the jobs we told it of
         self._handles: dict[str, Any] = {}
         # up-front routing (FLIP-158 "Future directions"): the ancestor that flushed our last
@@ -241,7 +245,10 @@ class ChangelogNode:
             "registration_failures": c.registration_failures, "route": self._route,
             "incarnations": c.incarnations, "stale_refused": c.stale_refused,
             "deadline_expired": c.deadline_expired,
-            "late_answers_released": c.late_answers_released, "jobs_forgotten": c.jobs_forgotten,
+            "late_answers_released": c.late_answers_released,
+            "dead_writers_released": self._dead.released,
+            "dead_writers_kept": self._dead.skipped,
+            "dead_writer_rounds_failed": c.dead_writer_rounds_failed, "jobs_forgotten": c.jobs_forgotten,
             "jobs": len(self._job_seen),
             "namespace_refusals": self._namespaces.refused,
             "merged_changelog": {j: ff.stats_dict() for j, ff in self._flush_files.items()},
@@ -273,6 +280,7 @@ class ChangelogNode:
                 "ckpt_seen": sum(len(v) for v in self._ckpt_seen.values()),
                 "sent_for": len(self._sent_for), "marked_up": len(self._marked_up),
                 "first_ckpt": len(self._first_ckpt), "child_jobs": len(self._child_jobs),
+                "dead_writers": self._dead.size(),
                 "incarnations": len(self._incarnations),
                 "namespaces": self._namespaces.size(), "files": len(self._files),
                 "merged_files": sum(ff.size() for ff in self._flush_files.values()),
@@ -303,11 +311,18 @@ class ChangelogNode:
     # ------------------------------------------------------------------ sources
 
     async def register_writer(self, log_id: str, job_id: str,
-                              caller: Caller | None = None) -> None:
+                              caller: Caller | None = None, named: int | None = None) -> bool:
+        """``named``: the writer's newest checkpoint with a handle (-1 for a new writer;
+        None when it registers again and does not say). Returns whether this tree merges
+        changelog files (then the writer waits for its marks to be taken)."""
         self._admit(job_id, caller)
         self._writers[log_id] = job_id
+        if self._merging.across:
+            self._dead.registered(log_id, job_id, caller, named)
+            self._watch_dead_writers()
         self._last_seen[log_id] = time.monotonic()
         await self._sync_registration()
+        return self._merging.across
 
     async def unregister_writer(self, log_id: str, caller: Caller | None = None) -> None:
         job_id = self._writers.get(log_id)
@@ -315,6 +330,7 @@ class ChangelogNode:
             return
         self._admit(job_id, caller)
         self._writers.pop(log_id, None)
+        self._dead.unregistered(log_id)
         self._last_seen.pop(log_id, None)
         for seen in self._ckpt_seen.values():
             seen.pop(log_id, None)
@@ -409,6 +425,7 @@ class ChangelogNode:
         The old run's merged files are left alone (the new run's registry counts references
         to them like any shared file). Requests of an older incarnation are refused."""
         check_relative_path(job_id)
+        self._dead.check(caller)
         self._namespaces.admit(job_id, caller)
         self._job_seen[job_id] = time.monotonic()
         inc = Incarnation.parse(incarnation)
@@ -430,6 +447,7 @@ class ChangelogNode:
 
     def _reset_job(self, job_id: str) -> None:
         self._ckpt_seen.pop(job_id, None)
+        self._dead.dead_logs.pop(job_id, None)
         self._first_ckpt.pop(job_id, None)
         self._sent_for.pop(job_id, None)
         self._marked_up.pop(job_id, None)
@@ -486,6 +504,10 @@ class ChangelogNode:
         if not isinstance(request, PersistRequest):
             raise DstlError(f"bad persist request {type(request).__name__}")
         self._admit(request.job_id, request.caller, request.incarnation)
+        if self._merging.across:
+            self._dead.reported(request.source, request.job_id, request.caller,
+                                request.named)
+            self._watch_dead_writers()
         if request.source not in self._writers:
             # registered with an earlier incarnation of this actor (Ray restarted it):
             # count it as a source again, so batches wait for it; the upstream learns of
@@ -662,13 +684,20 @@ class ChangelogNode:
         return {s for s, c in seen.items() if c == previous and s in sources}
 
     async def mark(self, job_id: str, source: str, checkpoint_id: int,
-                   caller: Caller | None = None) -> None:
+                   caller: Caller | None = None, named: int | None = None) -> None:
         """``source`` has nothing (more) to send for ``checkpoint_id``: its changes are
         durable already or it had none. A batch waiting for it stops waiting; a node that
-        had no request of this checkpoint at all passes the mark to its upstream."""
+        had no request of this checkpoint at all passes the mark to its upstream.
+        ``named``: a writer's newest checkpoint with a handle (dstl_ray.dead_writers); with
+        it, ``checkpoint_id`` may be -1 (a handle for no checkpoint id: only recorded)."""
         self._admit(job_id, caller)
-        if type(checkpoint_id) is not int or checkpoint_id < 0:
+        if type(checkpoint_id) is not int or checkpoint_id < (-1 if named is not None else 0):
             raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
+        if named is not None and self._merging.across:
+            self._dead.reported(source, job_id, caller, named)
+            self._watch_dead_writers()
+        if checkpoint_id < 0:
+            return
         seen = self._ckpt_seen.setdefault(job_id, {})
         self._first_ckpt.setdefault(job_id, checkpoint_id)
         if source in self._sources():
@@ -991,6 +1020,8 @@ class ChangelogNode:
             ff = self._flush_files[job_id] = FlushFiles(
                 self._storage, join(self.base_path, job_id),
                 f"{SEGMENTS_DIR}/{inc or '_'}/{self.node_key}", self._merging)
+            for log_id, bound in self._dead.dead_logs.get(job_id, {}).items():
+                ff.forget(log_id, bound)  # (no files yet: nothing written)
         return ff
 
     async def _append(self, job_id: str, idx: list[int], requests: list[PersistRequest],
@@ -1023,6 +1054,81 @@ class ChangelogNode:
         for i, off in zip(idx, offsets, strict=True):
             s = requests[i].section
             out[i] = Segment(rel, base + off, len(s.data), s.sqn_min, s.sqn_max, self.name)
+
+    # ------------------------------------------------------------------ dead writers
+
+    def _watch_dead_writers(self) -> None:
+        """Start (once) the periodic check for writers whose process died."""
+        if self._dead_watch is None and self.config.dead_writer_check_s > 0:
+            self._dead_watch = asyncio.get_running_loop().create_task(self._dead_loop())
+
+    async def _dead_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.dead_writer_check_s)
+            try:
+                await self.release_dead_writers()
+            except Exception as e:  # noqa: BLE001 - tried again next round
+                log.warning("%s: dead-writer check failed: %s: %s", self.name,
+                            type(e).__name__, e)
+
+    async def release_dead_writers(self) -> int:
+        """Release the merged-file sections of writers whose process died
+        (dstl_ray.dead_writers): fence each dead Ray job at every node, then release its
+        logs up to their bounds everywhere. Returns how many logs were released."""
+        ids = self._dead.candidates()
+        if not ids:
+            return 0
+        dead = await asyncio.to_thread(dead_ray_job_ids, ids)
+        n = 0
+        for ray_job in sorted(dead):
+            n += await self._release_ray_job(ray_job)
+        return n
+
+    async def _call_all(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every node actor of the tree (this one directly); any failure
+        raises, so a round either reached every node or is put off."""
+        from topology.discovery import list_node_actors
+
+        names = await asyncio.to_thread(list_node_actors, self.config.namespace)
+        if self.name not in names:
+            names.append(self.name)
+        out = []
+        for name in names:
+            if name == self.name:
+                out.append(await getattr(self, method)(*args))
+            else:
+                out.append(await asyncio.wait_for(
+                    getattr(self._actor(name), method).remote(*args), REGISTRATION_TIMEOUT_S))
+        return out
+
+    async def _release_ray_job(self, ray_job: str) -> int:
+        try:
+            answers = await self._call_all("fence_ray_job", ray_job)
+            bounds, skipped = bounds_of(answers)
+            await self._call_all("forget_logs", ray_job, bounds)
+        except Exception as e:  # noqa: BLE001 - every node or none: next round
+            self.counters.dead_writer_rounds_failed += 1
+            log.warning("%s: releasing the writers of dead Ray job %s put off: %s: %s",
+                        self.name, ray_job, type(e).__name__, e)
+            return 0
+        self._dead.skipped += skipped
+        n = sum(len(v) for v in bounds.values())
+        log.info("%s: Ray job %s is dead: %d of its logs released, %d kept", self.name,
+                 ray_job, n, skipped)
+        return n
+
+    async def fence_ray_job(self, ray_job: str) -> dict[str, Any]:
+        """Phase 1: refuse ``ray_job`` from now on; its writers' records here."""
+        return self._dead.fence(ray_job)
+
+    async def forget_logs(self, ray_job: str, bounds: dict[str, dict[str, int]]) -> None:
+        """Phase 2: release these logs' sections up to their bounds (per job)."""
+        self._dead.forget(ray_job, bounds)
+        for job_id, logs in bounds.items():
+            ff = self._flush_files.get(job_id)
+            if ff is not None:
+                for log_id, bound in logs.items():
+                    await asyncio.to_thread(ff.forget, log_id, bound)
 
     async def retain(self, job_id: str, rel_path: str, offset: int, log_id: str,
                      caller: Caller | None = None, incarnation: str = "") -> bool:

@@ -96,6 +96,9 @@ class StateChangelogWriter:
         self._closed = False
         self.preemptive_uploads = 0
         transport.register(self.log_id)
+        # merged changelog files (the tree said so at registration): a node must know
+        # ``named`` before a handle goes out
+        self._acked_marks = bool(getattr(transport, "acked_marks", False))
 
     # ------------------------------------------------------------------ hot path
 
@@ -245,13 +248,21 @@ class StateChangelogWriter:
                 up.last_checkpoint = max(up.last_checkpoint, checkpoint_id
                                          if checkpoint_id >= 0 else UNKNOWN_CHECKPOINT)
             sqn_to = self._sqn
-        if new is None and checkpoint_id >= 0:
+        marked: concurrent.futures.Future | None = None
+        if new is None and (checkpoint_id >= 0 or self._acked_marks):
             # nothing new to send for this checkpoint: tell the node not to wait for us
+            # (and, with merged files, how far our handles may be named, before one goes out)
             mark = getattr(self._transport, "mark", None)
             if mark is not None:
-                mark(self.log_id, checkpoint_id)
+                marked = (mark(self.log_id, checkpoint_id, self.named) if self._acked_marks
+                          else mark(self.log_id, checkpoint_id))
         result: concurrent.futures.Future[StateChangelogHandle] = concurrent.futures.Future()
-        self._combine(result, uploads, after, sqn_to)
+        if self._acked_marks and isinstance(marked, concurrent.futures.Future):
+            handle: concurrent.futures.Future[StateChangelogHandle] = concurrent.futures.Future()
+            self._combine(handle, uploads, after, sqn_to)
+            _after_both(handle, marked, result)
+        else:
+            self._combine(result, uploads, after, sqn_to)
         if wspan is not None:
             result.add_done_callback(lambda f: tracing.end_span(
                 wspan, error=f.exception(),
@@ -407,3 +418,23 @@ class StateChangelogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _after_both(handle: concurrent.futures.Future, marked: concurrent.futures.Future,
+                result: concurrent.futures.Future) -> None:
+    """``result`` gets ``handle``'s outcome once ``marked`` (the node took our mark) is done
+    too; a mark the node did not take fails it (the handle must not go out)."""
+    def done(_: concurrent.futures.Future) -> None:
+        if not (handle.done() and marked.done()) or result.done():
+            return
+        e = marked.exception() or handle.exception()
+        try:
+            if e is not None:
+                result.set_exception(e)
+            else:
+                result.set_result(handle.result())
+        except concurrent.futures.InvalidStateError:
+            pass  # the other callback was first
+
+    handle.add_done_callback(done)
+    marked.add_done_callback(done)

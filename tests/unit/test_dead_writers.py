@@ -1,0 +1,135 @@
+"""Dead writers' sections in merged changelog files (dstl_ray.dead_writers), without Ray:
+records, the bound, fencing, the skip after a node restart, and a node's whole round."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import time
+import uuid
+
+import pytest
+
+from dstl_ray import ChangelogConfig, DirectTransport, KeyGroupRange, PersistError
+from dstl_ray import node as node_mod
+from dstl_ray.dead_writers import RESTART_MARGIN_S, DeadWriters, bounds_of
+from dstl_ray.errors import FencedError
+from dstl_ray.merging import UNKNOWN_USE
+from dstl_ray.namespaces import Caller
+from dstl_ray.node import ChangelogNode
+from dstl_ray.writer import StateChangelogWriter
+
+ALIVE, DEAD = Caller("ns", "01000000"), Caller("ns", "02000000")
+
+
+def test_records_fence_and_bounds():
+    d = DeadWriters(started=time.time() - 100)
+    d.registered("a", "J", DEAD, -1)
+    d.reported("a", "J", DEAD, 7)
+    d.registered("b", "J", DEAD, None)  # registered again without saying: unknown
+    d.registered("c", "J", ALIVE, -1)
+    assert d.candidates() == {"01000000", "02000000"}
+    answer = d.fence(DEAD.ray_job)
+    with pytest.raises(FencedError):
+        d.check(DEAD)
+    d.check(ALIVE)
+    other = {"started": d.started, "records": {"a": ("J", 9, time.time())}}  # newer elsewhere
+    bounds, skipped = bounds_of([answer, other])
+    assert bounds == {"J": {"a": 9, "b": UNKNOWN_USE}} and skipped == 0
+    d.forget(DEAD.ray_job, bounds)
+    assert set(d.records) == {"c"} and d.dead_logs == {"J": {"a": 9, "b": UNKNOWN_USE}}
+
+
+def test_a_log_is_kept_when_a_node_started_after_its_first_record():
+    """A node restarted since may have lost the log's newest record: keep it for good."""
+    old = {"started": 0.0, "records": {"a": ("J", 3, 1000.0)}}
+    restarted = {"started": 1000.0 + RESTART_MARGIN_S / 2, "records": {}}
+    assert bounds_of([old, restarted]) == ({}, 1)
+    later = {"started": 1000.0 - 2 * RESTART_MARGIN_S, "records": {}}
+    assert bounds_of([old, later]) == ({"J": {"a": 3}}, 0)
+
+
+def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatch):
+    from topology import discovery
+
+    cfg = ChangelogConfig(file_merging="across_checkpoints", dead_writer_check_s=0)
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", cfg)
+    node._dead.started = time.time() - 100  # deployed well before the writers came
+    monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root"])
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: {DEAD.ray_job} & set(ids))
+
+    async def run() -> str:
+        assert await node.register_writer("dead", "J", DEAD, -1) is True
+        await node.register_writer("live", "J", ALIVE, -1)
+        await node.mark("J", "dead", 5, DEAD, named=5)
+        ff = node._job_files("J")
+        rel, base = await asyncio.to_thread(ff.append, b"x" * 64, [("dead", 0), ("dead", 32)])
+        assert await node.release_dead_writers() == 1
+        with pytest.raises(FencedError):  # the process (or a zombie of it) is refused
+            await node.mark("J", "dead", 6, DEAD, named=6)
+        await asyncio.to_thread(ff.subsumed, 4)
+        assert os.path.exists(tmp_path / "J" / rel), "checkpoint 5 may still name it"
+        await asyncio.to_thread(ff.subsumed, 5)
+        assert await node.release_dead_writers() == 0  # nothing left to do
+        return rel
+
+    rel = asyncio.run(run())
+    assert not os.path.exists(tmp_path / "J" / rel)
+    st = node._dead
+    assert st.released == 1 and "dead" not in st.records and "live" in st.records
+
+
+def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
+    from topology import discovery
+
+    cfg = ChangelogConfig(file_merging="across_checkpoints", dead_writer_check_s=0)
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", cfg)
+    monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root", "gone"])
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: set(ids))
+
+    def no_actor(name):
+        raise ValueError(f"no actor {name}")
+
+    monkeypatch.setattr(node, "_actor", no_actor)
+
+    async def run() -> int:
+        await node.register_writer("dead", "J", DEAD, -1)
+        return await node.release_dead_writers()
+
+    assert asyncio.run(run()) == 0
+    assert "dead" in node._dead.records and node.counters.dead_writer_rounds_failed == 1
+
+
+class _Marking(DirectTransport):
+    """Writes directly, but takes marks like a tree that merges changelog files."""
+
+    acked_marks = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.marks: list[tuple[str, int, int]] = []
+        self.pending: concurrent.futures.Future = concurrent.futures.Future()
+
+    def mark(self, log_id, checkpoint_id, named=None):
+        self.marks.append((log_id, checkpoint_id, named))
+        return self.pending
+
+
+def test_a_handle_goes_out_only_after_the_node_took_the_mark():
+    t = _Marking("job", f"memory://d-{uuid.uuid4().hex}")
+    w = StateChangelogWriter(t, "job", "op", KeyGroupRange(0, 0))
+    w.append(0, b"a")
+    w.persist_durably(0, checkpoint_id=1).result(timeout=10)  # a request: no mark
+    fut = w.persist_durably(0, checkpoint_id=2)  # nothing new: a mark, awaited
+    assert t.marks == [(w.log_id, 2, 2)]
+    time.sleep(0.2)
+    assert not fut.done(), "the handle must wait for the mark"
+    t.pending.set_result(None)
+    assert fut.result(timeout=10).sqn_to == 1
+    t.pending = concurrent.futures.Future()
+    fut = w.persist_durably(0)  # no checkpoint id: the node must learn "unknown" too
+    assert t.marks[-1] == (w.log_id, -1, UNKNOWN_USE)
+    t.pending.set_exception(PersistError("node gone"))
+    with pytest.raises(PersistError):
+        fut.result(timeout=10)
