@@ -37,7 +37,7 @@ from .recovery import (
     restore_backends,
 )
 from .registry import SharedStateRegistry
-from .segment_files import SEGMENTS_DIR
+from .segment_files import SEGMENTS_DIR, UNMANAGED_DIR
 from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 from .storage import get_storage, join, normalize_url
 
@@ -137,10 +137,11 @@ class CheckpointCoordinator:
                 inc = self.lease.acquire()
                 self.registry.guard = self.lease.check  # a fenced driver deletes nothing
                 # merged changelog files of this incarnation (and of writers that carry
-                # none, "_") belong to the node actors that append to them (FLIP-306);
-                # those of earlier runs go by reference count, like any shared file
+                # none: UNMANAGED_DIR, and "_" of earlier versions) belong to the node
+                # actors that append to them (FLIP-306); those of earlier runs go by
+                # reference count, like any shared file
                 self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR, d)
-                                                   for d in (str(inc), "_")])
+                                                   for d in (str(inc), UNMANAGED_DIR, "_")])
             return self.lease.incarnation  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ backends

@@ -33,7 +33,7 @@ from .merging import FileMergingOptions
 from .messages import PersistRequest
 from .metrics import NodeMetrics
 from .namespaces import Caller, JobNamespaces, dead_ray_job_ids
-from .segment_files import SEGMENTS_DIR, FlushFiles
+from .segment_files import SEGMENTS_DIR, UNMANAGED_DIR, FlushFiles
 from .storage import join, normalize_url, storage_for
 from .upload import Uploader
 
@@ -1013,13 +1013,13 @@ class ChangelogNode:
 
     def _job_files(self, job_id: str) -> FlushFiles:
         """The job's merged files of its current incarnation, in
-        ``segments/{incarnation}/{node}/`` (``_`` for writers outside a coordinated job)."""
+        ``segments/{incarnation}/{node}/`` (``none`` for writers outside a coordinated job)."""
         ff = self._flush_files.get(job_id)
         if ff is None:
             inc = self._incarnations.get(job_id)
             ff = self._flush_files[job_id] = FlushFiles(
                 self._storage, join(self.base_path, job_id),
-                f"{SEGMENTS_DIR}/{inc or '_'}/{self.node_key}", self._merging)
+                f"{SEGMENTS_DIR}/{inc or UNMANAGED_DIR}/{self.node_key}", self._merging)
             for log_id, bound in self._dead.dead_logs.get(job_id, {}).items():
                 ff.forget(log_id, bound)  # (no files yet: nothing written)
         return ff

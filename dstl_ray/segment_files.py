@@ -30,6 +30,9 @@ from .merging import UNKNOWN_USE, FileMergingOptions, FilePool, PooledFile, Pool
 from .storage import Storage, join
 
 SEGMENTS_DIR = "segments"
+# merged files of writers that carry no incarnation (outside a coordinated job); a plain
+# name, since handles naming them must parse (``handle.check_relative_path``)
+UNMANAGED_DIR = "none"
 
 
 @dataclass
