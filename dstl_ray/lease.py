@@ -70,6 +70,10 @@ class Incarnation:
 # holder is not; weak values so live leases of this process are recognised as alive
 _LOCAL: weakref.WeakValueDictionary[str, JobLease] = weakref.WeakValueDictionary()
 _HOST = socket.gethostname()
+# the newest epoch this process gave out: two incarnations of one job started by one process
+# in the same millisecond (a wiped job directory, then a restart) must still be ordered
+_last_epoch = 0
+_epoch_lock = threading.Lock()
 
 
 def _machine() -> str:
@@ -184,7 +188,7 @@ class JobLease:
                 f"{old.get('ttl_s')}s): stop that job (or wait for its lease to expire) "
                 f"before starting it again, or use another job id")
         prev = int(old.get("epoch", 0)) if old else 0
-        self.incarnation = Incarnation(max(prev + 1, int(self.clock() * 1000)), self.holder)
+        self.incarnation = Incarnation(_next_epoch(prev, int(self.clock() * 1000)), self.holder)
         create = getattr(self.storage, "create_file", None)
         if old is None and create is not None:
             # where the store can create a name only if absent, two drivers starting at
@@ -283,3 +287,12 @@ class JobLease:
         self._active = False
         self._stop.set()
         _LOCAL.pop(self.holder, None)
+
+
+def _next_epoch(prev: int, now_ms: int) -> int:
+    """Above the previous lease's epoch, at least the wall clock in milliseconds, and above
+    every epoch this process gave out before."""
+    global _last_epoch
+    with _epoch_lock:
+        _last_epoch = max(prev + 1, now_ms, _last_epoch + 1)
+        return _last_epoch
