@@ -20,6 +20,7 @@ from .deleter import background_deleter
 from .errors import (
     ConfigError,
     DstlError,
+    FencedError,
     NamespaceError,
     NodeUnavailableError,
     PersistError,
@@ -141,8 +142,8 @@ class RayNodeTransport:
                 if merged:  # the tree merges changelog files: the node keeps our records
                     self.acked_marks = True
                 break
-            except NamespaceError:
-                raise  # the node refuses this job from our namespace: no retry helps
+            except (NamespaceError, FencedError):
+                raise  # the node refuses this job from us: no retry helps
             except Exception as e:  # noqa: BLE001 - the node died: find it (or another) again
                 with self._lock:
                     self._stale = True
@@ -298,10 +299,16 @@ class RayNodeTransport:
             return done
 
         def taken(f: concurrent.futures.Future) -> None:
+            import ray
+
             e = f.exception()
             if e is None:
                 done.set_result(None)
             else:
+                if isinstance(e, (ray.exceptions.RayActorError,
+                                  ray.exceptions.ActorUnavailableError)):
+                    with self._lock:
+                        self._stale = True  # find the (restarted) node again next time
                 done.set_exception(PersistError(
                     f"node actor {self.node_name} did not take the mark of log {log_id} for "
                     f"checkpoint {checkpoint_id}: {type(e).__name__}: {e}"))

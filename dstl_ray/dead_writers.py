@@ -19,10 +19,19 @@ dead (Ray actors inside a live job are not covered). Then, over every node of th
 1. ``fence``: each node refuses that Ray job from now on (:class:`FencedError`), so even a
    process Ray took for dead (a partition) cannot name a newer checkpoint, and returns its
    records of it. If any node does not answer, nothing is released this round.
-2. ``forget``: the bound of each log is the largest ``named`` any node recorded; each node
-   releases that log's sections (and remembers it, for flushes still on their way). A log is
-   skipped (kept for good) if any node was (re)started after the log's first record: a
-   restarted node may have lost the newest one.
+2. ``forget``: the bound of each log is the largest ``named`` any node recorded (or applied
+   in an earlier, interrupted round); each node fences too, releases that log's sections
+   (raising ``last_use`` where an earlier round released them) and remembers it for flushes
+   still on their way. A log is skipped (kept for good) if a node was restarted by Ray after
+   the log's first record: it may have lost the newest one.
+
+Off unless ``dead_writer_check_s`` > 0 (and ``file_merging=across_checkpoints``): then nodes
+keep records and writers wait for their marks. Known limits, for which the sections are kept
+(never freed early): a Ray node that dies with the writer's process takes the writer's
+records with it; writers in Ray actors or tasks (not drivers) are never declared dead. One
+is not covered: a writer that moved to another node actor (its node failed), whose new node
+then left the tree, and that died before registering anywhere again, is bounded by its old
+node's older record.
 """
 
 from __future__ import annotations
@@ -42,8 +51,20 @@ RESTART_MARGIN_S = 2.0  # clock difference between nodes (hosts) we allow for
 class WriterRecord:
     job_id: str
     ray_job: str
-    named: int  # UNKNOWN_USE until the writer reported it
+    named: int | None  # None: not reported yet (a registration again), counts as unknown
     created: float  # wall clock of the node that made the record
+
+    def report(self, named: int) -> None:
+        """The writer's ``named`` only grows, but its messages may arrive out of order (a
+        queued request after a mark): keep the largest; unknown stays unknown."""
+        if self.named is None or named == UNKNOWN_USE:
+            self.named = named
+        elif self.named != UNKNOWN_USE:
+            self.named = max(self.named, named)
+
+    @property
+    def bound(self) -> int:
+        return UNKNOWN_USE if self.named is None else self.named
 
 
 @dataclass
@@ -51,32 +72,34 @@ class DeadWriters:
     """One node's records of writers and Ray jobs it fenced. Not thread-safe: the node
     actor's event loop owns it."""
 
-    started: float = field(default_factory=time.time)
+    # when Ray restarted this node actor (0: never), to skip logs it may have lost records of
+    started: float = 0.0
     records: dict[str, WriterRecord] = field(default_factory=dict)
     fenced: set[str] = field(default_factory=set)
-    dead_logs: dict[str, dict[str, int]] = field(default_factory=dict)  # job -> log -> bound
+    # job -> log -> (Ray job, bound) of logs released here: for flushes landing later, and
+    # reported again in a later round (one interrupted half-way)
+    dead_logs: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict)
     released: int = 0  # logs whose sections were released here
     skipped: int = 0  # dead logs kept for good (a node restarted since their first record)
 
     def registered(self, log_id: str, job_id: str, caller: Caller | None,
                    named: int | None) -> None:
         """``named`` None: a registration again (the writer's knowledge is not known yet)."""
+        if caller is None or not caller.ray_job or not caller.driver:
+            return  # a process we could never find dead: nothing to release
         rec = self.records.get(log_id)
         if rec is None:
-            self.records[log_id] = WriterRecord(
-                job_id, caller.ray_job if caller else "",
-                UNKNOWN_USE if named is None else named, time.time())
+            self.records[log_id] = WriterRecord(job_id, caller.ray_job, named, time.time())
         elif named is not None:
-            rec.named = named
+            rec.report(named)
 
     def reported(self, log_id: str, job_id: str, caller: Caller | None, named: int) -> None:
-        """A request or mark of the writer: ``named`` is its newest (it only grows)."""
+        """A request or mark of the writer, with its ``named`` when it sent it."""
         rec = self.records.get(log_id)
         if rec is None:
-            self.records[log_id] = WriterRecord(job_id, caller.ray_job if caller else "",
-                                                named, time.time())
+            self.registered(log_id, job_id, caller, named)
         else:
-            rec.named = named
+            rec.report(named)
 
     def unregistered(self, log_id: str) -> None:
         self.records.pop(log_id, None)  # a closed writer released everything itself
@@ -93,19 +116,29 @@ class DeadWriters:
 
     def fence(self, ray_job: str) -> dict[str, Any]:
         self.fenced.add(ray_job)
-        return {"started": self.started,
-                "records": {log: (r.job_id, r.named, r.created)
-                            for log, r in self.records.items() if r.ray_job == ray_job}}
+        records = {log: (r.job_id, r.bound, r.created)
+                   for log, r in self.records.items() if r.ray_job == ray_job}
+        for job, logs in self.dead_logs.items():  # applied by an earlier round
+            for log, (rj, bound) in logs.items():
+                if rj == ray_job and log not in records:
+                    records[log] = (job, bound, float("inf"))
+        return {"started": self.started, "records": records}
 
     def forget(self, ray_job: str, bounds: dict[str, dict[str, int]]) -> None:
-        """Phase 2: drop the Ray job's records; remember the logs' bounds per job."""
+        """Phase 2: fence (a node that joined after phase 1), drop the Ray job's records,
+        remember the logs' bounds per job."""
+        self.fenced.add(ray_job)
         for log in [lg for lg, r in self.records.items() if r.ray_job == ray_job]:
             del self.records[log]
         for job, logs in bounds.items():
             known = self.dead_logs.setdefault(job, {})
             for log, b in logs.items():
-                known[log] = max(known.get(log, -1), b)
+                old = known.get(log, (ray_job, -1))[1]
+                known[log] = (ray_job, UNKNOWN_USE if UNKNOWN_USE in (old, b) else max(old, b))
             self.released += len(logs)
+
+    def bounds_for(self, job_id: str) -> dict[str, int]:
+        return {log: b for log, (_, b) in self.dead_logs.get(job_id, {}).items()}
 
     def size(self) -> int:
         return (len(self.records) + len(self.fenced)
@@ -122,13 +155,14 @@ def bounds_of(answers: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]],
         for log, (job, named, created) in a["records"].items():
             if log in merged:
                 j, n, c = merged[log]
-                merged[log] = (j, max(n, named), min(c, created))
+                unknown = UNKNOWN_USE in (n, named)
+                merged[log] = (j, UNKNOWN_USE if unknown else max(n, named), min(c, created))
             else:
                 merged[log] = (job, named, created)
     out: dict[str, dict[str, int]] = {}
     skipped = 0
     for log, (job, named, created) in merged.items():
-        if latest_start > created - RESTART_MARGIN_S:
+        if created != float("inf") and latest_start > created - RESTART_MARGIN_S:
             skipped += 1
             continue
         out.setdefault(job, {})[log] = named

@@ -31,10 +31,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Caller:
-    """The Ray namespace and Ray job id of the process that sends a request."""
+    """The Ray namespace and Ray job id of the process that sends a request, and whether
+    that process is the Ray job's driver (a driver, a Spark Python worker): then the job's
+    death is the process's (dstl_ray.dead_writers); an actor or task of a job may outlive it
+    (detached actors) or die before it."""
 
     namespace: str
     ray_job: str = ""
+    driver: bool = False
 
 
 def current_caller(namespace: str | None = None) -> Caller:
@@ -44,7 +48,9 @@ def current_caller(namespace: str | None = None) -> Caller:
     import ray
 
     ctx = ray.get_runtime_context()
-    return Caller(namespace or ctx.namespace, ctx.get_job_id() or "")
+    worker = ray._private.worker.global_worker
+    return Caller(namespace or ctx.namespace, ctx.get_job_id() or "",
+                  worker.mode == ray._private.worker.SCRIPT_MODE)
 
 
 def dead_ray_jobs(job_ids: Iterable[str]) -> bool:

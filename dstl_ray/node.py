@@ -105,6 +105,19 @@ class _ByteBudget:
             self._cond.notify_all()
 
 
+def _restarted_at() -> float:
+    """When Ray restarted this node actor (now, if it did), else 0: a restarted node lost
+    its writers' records (dstl_ray.dead_writers)."""
+    try:
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed:
+            return time.time()
+    except Exception:  # noqa: BLE001 - outside an actor: never restarted
+        pass
+    return 0.0
+
+
 @dataclass(frozen=True)
 class _Released:
     """What releasing a request's segment needs (not its bytes)."""
@@ -191,7 +204,8 @@ class ChangelogNode:
         self._flushes_self = False
         self._registered_to: str | None = None  # upstream node we are a source of
         self._late_answers: set[asyncio.Task] = set()  # forwards we stopped waiting for
-        self._dead = DeadWriters(self.started)  # writers' records, fenced dead processes
+        # writers' records and fenced dead processes (dstl_ray.dead_writers)
+        self._dead = DeadWriters(_restarted_at())
         self._dead_watch: asyncio.Task | None = None
         self._registered_jobs: frozenset[str] = frozenset()  # the jobs we told it of
         self._handles: dict[str, Any] = {}
@@ -317,16 +331,19 @@ class ChangelogNode:
         changelog files (then the writer waits for its marks to be taken)."""
         self._admit(job_id, caller)
         self._writers[log_id] = job_id
-        if self._merging.across:
+        if self._dead_writers_on:
             self._dead.registered(log_id, job_id, caller, named)
             self._watch_dead_writers()
         self._last_seen[log_id] = time.monotonic()
         await self._sync_registration()
-        return self._merging.across
+        return self._dead_writers_on
 
     async def unregister_writer(self, log_id: str, caller: Caller | None = None) -> None:
         job_id = self._writers.get(log_id)
-        if job_id is None:
+        if job_id is None:  # dropped as idle: its record still goes (it released itself)
+            rec = self._dead.records.get(log_id)
+            if rec is not None and caller is not None and caller.ray_job == rec.ray_job:
+                self._dead.unregistered(log_id)
             return
         self._admit(job_id, caller)
         self._writers.pop(log_id, None)
@@ -504,7 +521,7 @@ class ChangelogNode:
         if not isinstance(request, PersistRequest):
             raise DstlError(f"bad persist request {type(request).__name__}")
         self._admit(request.job_id, request.caller, request.incarnation)
-        if self._merging.across:
+        if self._dead_writers_on:
             self._dead.reported(request.source, request.job_id, request.caller,
                                 request.named)
             self._watch_dead_writers()
@@ -693,7 +710,7 @@ class ChangelogNode:
         self._admit(job_id, caller)
         if type(checkpoint_id) is not int or checkpoint_id < (-1 if named is not None else 0):
             raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
-        if named is not None and self._merging.across:
+        if named is not None and self._dead_writers_on:
             self._dead.reported(source, job_id, caller, named)
             self._watch_dead_writers()
         if checkpoint_id < 0:
@@ -1020,7 +1037,7 @@ class ChangelogNode:
             ff = self._flush_files[job_id] = FlushFiles(
                 self._storage, join(self.base_path, job_id),
                 f"{SEGMENTS_DIR}/{inc or UNMANAGED_DIR}/{self.node_key}", self._merging)
-            for log_id, bound in self._dead.dead_logs.get(job_id, {}).items():
+            for log_id, bound in self._dead.bounds_for(job_id).items():
                 ff.forget(log_id, bound)  # (no files yet: nothing written)
         return ff
 
@@ -1057,9 +1074,13 @@ class ChangelogNode:
 
     # ------------------------------------------------------------------ dead writers
 
+    @property
+    def _dead_writers_on(self) -> bool:
+        return self._merging.across and self.config.dead_writer_check_s > 0
+
     def _watch_dead_writers(self) -> None:
         """Start (once) the periodic check for writers whose process died."""
-        if self._dead_watch is None and self.config.dead_writer_check_s > 0:
+        if self._dead_watch is None and self._dead_writers_on:
             self._dead_watch = asyncio.get_running_loop().create_task(self._dead_loop())
 
     async def _dead_loop(self) -> None:

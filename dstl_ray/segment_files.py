@@ -41,6 +41,7 @@ class _Flush:
     sections: set[tuple[str, int]]  # (log id, offset in the file) not released yet
     used: bool = False
     last_use: int = -1  # newest checkpoint id that may name it
+    forgotten: set[str] = field(default_factory=set)  # dead logs released from it
 
     def live(self, watermark: int) -> bool:
         return bool(self.sections) or (self.used and self.last_use > watermark)
@@ -132,10 +133,13 @@ class FlushFiles(FilePool):
 
     @staticmethod
     def _forget_in(fl: _Flush, log_id: str, bound: int) -> int:
+        """Release ``log_id``'s sections of ``fl`` up to ``bound``; a flush it was released
+        from before (an earlier round with a lower bound) gets the higher one too."""
         mine = {s for s in fl.sections if s[0] == log_id}
-        if not mine:
+        if not mine and log_id not in fl.forgotten:
             return 0
         fl.sections -= mine
+        fl.forgotten.add(log_id)
         if bound >= 0:
             fl.used = True
             fl.last_use = max(fl.last_use, bound)
@@ -146,10 +150,9 @@ class FlushFiles(FilePool):
             self._dead.clear()
         super().abandon()
 
-    def size(self) -> int:
+    def dead_logs(self) -> int:
         with self._cond:
-            dead = len(self._dead)
-        return super().size() + dead
+            return len(self._dead)
 
     def retain(self, rel: str, offset: int, log_id: str) -> bool:
         """A restored backend's log now names the section at ``offset`` of ``rel`` too (its

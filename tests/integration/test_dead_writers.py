@@ -43,7 +43,6 @@ def test_a_killed_writers_merged_flushes_go_once_no_checkpoint_can_name_them(
     # (every flush in a file of its own: the other writer's flushes keep theirs alive)
     tree = tree_factory(base=base, file_merging="across_checkpoints", dead_writer_check_s=0.5,
                         persist_delay_s=0.01, file_merging_max_file_size=1)
-    time.sleep(2.5)  # nodes started before the writers came (RESTART_MARGIN_S)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     p = subprocess.Popen([sys.executable, "-c", WRITER, ray_cluster.address, namespace, JOB],
                          stdout=subprocess.PIPE, text=True, env=env)

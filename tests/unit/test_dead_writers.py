@@ -20,11 +20,12 @@ from dstl_ray.namespaces import Caller
 from dstl_ray.node import ChangelogNode
 from dstl_ray.writer import StateChangelogWriter
 
-ALIVE, DEAD = Caller("ns", "01000000"), Caller("ns", "02000000")
+ALIVE, DEAD = Caller("ns", "01000000", True), Caller("ns", "02000000", True)
+ON = dict(file_merging="across_checkpoints", dead_writer_check_s=3600)
 
 
 def test_records_fence_and_bounds():
-    d = DeadWriters(started=time.time() - 100)
+    d = DeadWriters()
     d.registered("a", "J", DEAD, -1)
     d.reported("a", "J", DEAD, 7)
     d.registered("b", "J", DEAD, None)  # registered again without saying: unknown
@@ -38,7 +39,36 @@ def test_records_fence_and_bounds():
     bounds, skipped = bounds_of([answer, other])
     assert bounds == {"J": {"a": 9, "b": UNKNOWN_USE}} and skipped == 0
     d.forget(DEAD.ray_job, bounds)
-    assert set(d.records) == {"c"} and d.dead_logs == {"J": {"a": 9, "b": UNKNOWN_USE}}
+    assert set(d.records) == {"c"}
+    assert d.bounds_for("J") == {"a": 9, "b": UNKNOWN_USE}
+    # a later round (one interrupted half-way) sees what this node applied already
+    assert d.fence(DEAD.ray_job)["records"] == {"a": ("J", 9, float("inf")),
+                                                "b": ("J", UNKNOWN_USE, float("inf"))}
+
+
+def test_a_record_keeps_the_largest_named_and_unknown_for_good():
+    d = DeadWriters()
+    d.registered("a", "J", DEAD, -1)
+    d.reported("a", "J", DEAD, 5)  # a mark
+    d.reported("a", "J", DEAD, 4)  # a request queued before it, arriving after
+    assert d.records["a"].bound == 5
+    d.reported("a", "J", DEAD, UNKNOWN_USE)
+    d.reported("a", "J", DEAD, 9)
+    assert d.records["a"].bound == UNKNOWN_USE
+    d.registered("b", "J", DEAD, None)  # registered again: unknown until it reports
+    assert d.records["b"].bound == UNKNOWN_USE
+    d.reported("b", "J", DEAD, 3)
+    assert d.records["b"].bound == 3
+
+
+def test_only_driver_processes_are_recorded():
+    """A Ray actor or task may outlive its job (detached) or die before it: its job's death
+    says nothing about it."""
+    d = DeadWriters()
+    d.registered("a", "J", Caller("ns", "03000000", False), -1)
+    d.registered("b", "J", Caller("ns", "", True), -1)
+    d.registered("c", "J", None, -1)
+    assert d.records == {}
 
 
 def test_a_log_is_kept_when_a_node_started_after_its_first_record():
@@ -53,9 +83,7 @@ def test_a_log_is_kept_when_a_node_started_after_its_first_record():
 def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatch):
     from topology import discovery
 
-    cfg = ChangelogConfig(file_merging="across_checkpoints", dead_writer_check_s=0)
-    node = ChangelogNode("n0", "root", f"file://{tmp_path}", cfg)
-    node._dead.started = time.time() - 100  # deployed well before the writers came
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
     monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root"])
     monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: {DEAD.ray_job} & set(ids))
 
@@ -83,8 +111,7 @@ def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatc
 def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
     from topology import discovery
 
-    cfg = ChangelogConfig(file_merging="across_checkpoints", dead_writer_check_s=0)
-    node = ChangelogNode("n0", "root", f"file://{tmp_path}", cfg)
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
     monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root", "gone"])
     monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: set(ids))
 
@@ -133,3 +160,34 @@ def test_a_handle_goes_out_only_after_the_node_took_the_mark():
     t.pending.set_exception(PersistError("node gone"))
     with pytest.raises(PersistError):
         fut.result(timeout=10)
+
+
+def test_off_by_default_nothing_is_recorded(tmp_path):
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}",
+                         ChangelogConfig(file_merging="across_checkpoints"))
+
+    async def run() -> bool:
+        merged = await node.register_writer("w", "J", DEAD, -1)
+        await node.mark("J", "w", 1, DEAD, named=1)
+        return merged
+
+    assert asyncio.run(run()) is False and node._dead.records == {}
+
+
+def test_a_second_round_with_a_higher_bound_raises_last_use(tmp_path):
+    """Rounds may interleave (two nodes) or repeat after a half-way failure: a flush released
+    at a lower bound gets the higher one."""
+    from dstl_ray.merging import FileMergingOptions
+    from dstl_ray.segment_files import FlushFiles
+    from dstl_ray.storage import LocalStorage
+
+    ff = FlushFiles(LocalStorage(fsync=False), f"file://{tmp_path}/job", "segments/n",
+                    FileMergingOptions("across_checkpoints", max_file_size=1 << 20,
+                                       max_space_amplification=1e6))
+    rel, _ = ff.append(b"x" * 10, [("dead", 0)])
+    ff.forget("dead", 3)
+    ff.forget("dead", 9)
+    ff.subsumed(5)
+    assert os.path.exists(tmp_path / "job" / rel), "checkpoint 9 may name it"
+    ff.subsumed(9)
+    assert not os.path.exists(tmp_path / "job" / rel)
