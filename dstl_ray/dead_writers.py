@@ -31,7 +31,9 @@ keep records and writers wait for their marks. Known limits, for which the secti
 records with it; writers in Ray actors or tasks (not drivers) are never declared dead. One
 is not covered: a writer that moved to another node actor (its node failed), whose new node
 then left the tree, and that died before registering anywhere again, is bounded by its old
-node's older record.
+node's older record. Open (so the option stays off by default): the fence is not carried
+to a node restarted by Ray or joining later, and a skipped log's records are dropped, so a
+later round may bound it by an older record.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ class DeadWriters:
         self.records.pop(log_id, None)  # a closed writer released everything itself
 
     def check(self, caller: Caller | None) -> None:
-        if caller is not None and caller.ray_job and caller.ray_job in self.fenced:
+        if (caller is not None and caller.driver and caller.ray_job
+                and caller.ray_job in self.fenced):  # (a detached actor of it may live on)
             raise FencedError(f"Ray job {caller.ray_job} was found dead and is fenced: its "
                               f"writers' sections were released")
 

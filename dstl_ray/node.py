@@ -111,11 +111,17 @@ def _restarted_at() -> float:
     try:
         import ray
 
-        if ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed:
-            return time.time()
-    except Exception:  # noqa: BLE001 - outside an actor: never restarted
-        pass
-    return 0.0
+        if not ray.is_initialized():
+            return 0.0
+        ctx = ray.get_runtime_context()
+        if ctx.get_actor_id() is None:
+            return 0.0  # not an actor (unit tests): never restarted
+    except Exception:  # noqa: BLE001 - outside Ray
+        return 0.0
+    try:
+        return time.time() if ctx.was_current_actor_reconstructed else 0.0
+    except Exception:  # noqa: BLE001 - unknown: take it for restarted (keeps logs, never loses)
+        return time.time()
 
 
 @dataclass(frozen=True)

@@ -191,3 +191,12 @@ def test_a_second_round_with_a_higher_bound_raises_last_use(tmp_path):
     assert os.path.exists(tmp_path / "job" / rel), "checkpoint 9 may name it"
     ff.subsumed(9)
     assert not os.path.exists(tmp_path / "job" / rel)
+
+
+def test_a_fenced_jobs_actors_are_not_refused():
+    """A detached actor of a dead driver's Ray job lives on: only the driver is fenced."""
+    d = DeadWriters()
+    d.fence(DEAD.ray_job)
+    with pytest.raises(FencedError):
+        d.check(DEAD)
+    d.check(Caller("ns", DEAD.ray_job, False))
