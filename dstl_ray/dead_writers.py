@@ -31,9 +31,9 @@ keep records and writers wait for their marks. Known limits, for which the secti
 records with it; writers in Ray actors or tasks (not drivers) are never declared dead. One
 is not covered: a writer that moved to another node actor (its node failed), whose new node
 then left the tree, and that died before registering anywhere again, is bounded by its old
-node's older record. Open (so the option stays off by default): the fence is not carried
-to a node restarted by Ray or joining later, and a skipped log's records are dropped, so a
-later round may bound it by an older record.
+node's older record. A node restarted by Ray, or one that joined after a round, never
+got its fence: it looks up every driver's Ray job the first time it sees it, and fences a
+dead one itself. A skipped log is released as unknown, so no later round can bound it lower.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class DeadWriters:
     started: float = 0.0
     records: dict[str, WriterRecord] = field(default_factory=dict)
     fenced: set[str] = field(default_factory=set)
+    vetted: set[str] = field(default_factory=set)  # Ray jobs looked up once, found alive
     # job -> log -> (Ray job, bound) of logs released here: for flushes landing later, and
     # reported again in a later round (one interrupted half-way)
     dead_logs: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict)
@@ -138,13 +139,13 @@ class DeadWriters:
             for log, b in logs.items():
                 old = known.get(log, (ray_job, -1))[1]
                 known[log] = (ray_job, UNKNOWN_USE if UNKNOWN_USE in (old, b) else max(old, b))
-            self.released += len(logs)
+            self.released += sum(1 for b in logs.values() if b != UNKNOWN_USE)
 
     def bounds_for(self, job_id: str) -> dict[str, int]:
         return {log: b for log, (_, b) in self.dead_logs.get(job_id, {}).items()}
 
     def size(self) -> int:
-        return (len(self.records) + len(self.fenced)
+        return (len(self.records) + len(self.fenced) + len(self.vetted)
                 + sum(len(v) for v in self.dead_logs.values()))
 
 
@@ -166,7 +167,7 @@ def bounds_of(answers: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]],
     skipped = 0
     for log, (job, named, created) in merged.items():
         if created != float("inf") and latest_start > created - RESTART_MARGIN_S:
-            skipped += 1
-            continue
+            skipped += 1  # released as unknown: kept for good, and so in any later round
+            named = UNKNOWN_USE
         out.setdefault(job, {})[log] = named
     return out, skipped

@@ -69,16 +69,16 @@ def dead_ray_jobs(job_ids: Iterable[str]) -> bool:
     return all(table.get(j, False) for j in ids)
 
 
-def dead_ray_job_ids(job_ids: Iterable[str]) -> set[str]:
-    """Those of ``job_ids`` that Ray's job table marks dead (unknown ids, or no answer:
-    none)."""
+def dead_ray_job_ids(job_ids: Iterable[str]) -> set[str] | None:
+    """Those of ``job_ids`` that Ray's job table marks dead (unknown ids count as alive);
+    None when the table could not be read."""
     try:
         from ray._private.state import state
 
         table = {e["JobID"]: e.get("IsDead", False) for e in state.job_table()}
     except Exception as e:  # noqa: BLE001 - no answer: nobody is taken for dead
         log.debug("job table lookup failed: %s", e)
-        return set()
+        return None
     return {j for j in job_ids if table.get(j, False)}
 
 

@@ -53,6 +53,7 @@ REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
 # how long a child listens for an answer it stopped waiting for (to release it unused); a
 # later one stays until the job's next recovery deletes what no checkpoint names
 LATE_ANSWER_WAIT_S = 600.0
+VETTED_MAX = 10_000  # Ray jobs a node remembers having looked up (dstl_ray.dead_writers)
 JOB_IDLE_S = 3600.0  # a job unheard of for this long (and without writers) is forgotten
 
 Result = Segment | BaseException  # per request: its segment, or why it failed
@@ -335,6 +336,7 @@ class ChangelogNode:
         """``named``: the writer's newest checkpoint with a handle (-1 for a new writer;
         None when it registers again and does not say). Returns whether this tree merges
         changelog files (then the writer waits for its marks to be taken)."""
+        await self._vet(caller)
         self._admit(job_id, caller)
         self._writers[log_id] = job_id
         if self._dead_writers_on:
@@ -526,6 +528,7 @@ class ChangelogNode:
         """One writer's request; resolves to the segment holding it once durable."""
         if not isinstance(request, PersistRequest):
             raise DstlError(f"bad persist request {type(request).__name__}")
+        await self._vet(request.caller)
         self._admit(request.job_id, request.caller, request.incarnation)
         if self._dead_writers_on:
             self._dead.reported(request.source, request.job_id, request.caller,
@@ -713,6 +716,7 @@ class ChangelogNode:
         had no request of this checkpoint at all passes the mark to its upstream.
         ``named``: a writer's newest checkpoint with a handle (dstl_ray.dead_writers); with
         it, ``checkpoint_id`` may be -1 (a handle for no checkpoint id: only recorded)."""
+        await self._vet(caller)
         self._admit(job_id, caller)
         if type(checkpoint_id) is not int or checkpoint_id < (-1 if named is not None else 0):
             raise DstlError(f"bad checkpoint id {checkpoint_id!r}")
@@ -1098,6 +1102,26 @@ class ChangelogNode:
                 log.warning("%s: dead-writer check failed: %s: %s", self.name,
                             type(e).__name__, e)
 
+    async def _vet(self, caller: Caller | None) -> None:
+        """A writer's driver process (its Ray job) first seen here is looked up once: found
+        dead, it is fenced here too. A node restarted by Ray, or one that joined after a
+        release round, never got that round's fence; a process Ray took for dead must not
+        make a handle here that names sections released already."""
+        if (not self._dead_writers_on or caller is None or not caller.driver
+                or not caller.ray_job):
+            return
+        rj = caller.ray_job
+        if rj in self._dead.vetted or rj in self._dead.fenced:
+            return
+        dead = await asyncio.to_thread(dead_ray_job_ids, {rj})
+        if dead is None:
+            return  # no answer: looked up again on its next call
+        if len(self._dead.vetted) >= VETTED_MAX:
+            self._dead.vetted.clear()  # bounded: the oldest are simply looked up again
+        self._dead.vetted.add(rj)
+        if rj in dead:
+            self._dead.fenced.add(rj)
+
     async def release_dead_writers(self) -> int:
         """Release the merged-file sections of writers whose process died
         (dstl_ray.dead_writers): fence each dead Ray job at every node, then release its
@@ -1106,6 +1130,8 @@ class ChangelogNode:
         if not ids:
             return 0
         dead = await asyncio.to_thread(dead_ray_job_ids, ids)
+        if not dead:
+            return 0
         n = 0
         for ray_job in sorted(dead):
             n += await self._release_ray_job(ray_job)
@@ -1139,7 +1165,7 @@ class ChangelogNode:
                         self.name, ray_job, type(e).__name__, e)
             return 0
         self._dead.skipped += skipped
-        n = sum(len(v) for v in bounds.values())
+        n = sum(len(v) for v in bounds.values()) - skipped
         log.info("%s: Ray job %s is dead: %d of its logs released, %d kept", self.name,
                  ray_job, n, skipped)
         return n
@@ -1161,6 +1187,7 @@ class ChangelogNode:
                      caller: Caller | None = None, incarnation: str = "") -> bool:
         """A restored writer's backend names an older section of a merged file (see
         :meth:`FlushFiles.retain`); it releases it like its own uploads."""
+        await self._vet(caller)
         self._admit(job_id, caller, incarnation)
         ff = self._flush_files.get(job_id)
         rel = check_relative_path(rel_path)

@@ -75,7 +75,7 @@ def test_a_log_is_kept_when_a_node_started_after_its_first_record():
     """A node restarted since may have lost the log's newest record: keep it for good."""
     old = {"started": 0.0, "records": {"a": ("J", 3, 1000.0)}}
     restarted = {"started": 1000.0 + RESTART_MARGIN_S / 2, "records": {}}
-    assert bounds_of([old, restarted]) == ({}, 1)
+    assert bounds_of([old, restarted]) == ({"J": {"a": UNKNOWN_USE}}, 1)
     later = {"started": 1000.0 - 2 * RESTART_MARGIN_S, "records": {}}
     assert bounds_of([old, later]) == ({"J": {"a": 3}}, 0)
 
@@ -85,12 +85,14 @@ def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatc
 
     node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
     monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root"])
-    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: {DEAD.ray_job} & set(ids))
+    dead_now: set[str] = set()
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: dead_now & set(ids))
 
     async def run() -> str:
         assert await node.register_writer("dead", "J", DEAD, -1) is True
         await node.register_writer("live", "J", ALIVE, -1)
         await node.mark("J", "dead", 5, DEAD, named=5)
+        dead_now.add(DEAD.ray_job)
         ff = node._job_files("J")
         rel, base = await asyncio.to_thread(ff.append, b"x" * 64, [("dead", 0), ("dead", 32)])
         assert await node.release_dead_writers() == 1
@@ -113,7 +115,8 @@ def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
 
     node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
     monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root", "gone"])
-    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: set(ids))
+    dead_now: set[str] = set()
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: dead_now & set(ids))
 
     def no_actor(name):
         raise ValueError(f"no actor {name}")
@@ -122,6 +125,7 @@ def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
 
     async def run() -> int:
         await node.register_writer("dead", "J", DEAD, -1)
+        dead_now.add(DEAD.ray_job)
         return await node.release_dead_writers()
 
     assert asyncio.run(run()) == 0
@@ -200,3 +204,27 @@ def test_a_fenced_jobs_actors_are_not_refused():
     with pytest.raises(FencedError):
         d.check(DEAD)
     d.check(Caller("ns", DEAD.ray_job, False))
+
+
+def test_a_node_that_missed_the_fence_looks_a_new_driver_up_first(tmp_path, monkeypatch):
+    """A node restarted by Ray (or joining after a round) never got the fence: a process Ray
+    took for dead must not register, persist or mark there."""
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
+    lookups: list[set[str]] = []
+
+    def table(ids):
+        lookups.append(set(ids))
+        return {DEAD.ray_job} & set(ids)
+
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", table)
+
+    async def run() -> None:
+        with pytest.raises(FencedError):
+            await node.register_writer("z", "J", DEAD, None)
+        with pytest.raises(FencedError):
+            await node.mark("J", "z", 7, DEAD, named=7)
+        await node.register_writer("a", "J", ALIVE, -1)
+        await node.mark("J", "a", 1, ALIVE, named=1)  # looked up once only
+
+    asyncio.run(run())
+    assert lookups == [{DEAD.ray_job}, {ALIVE.ray_job}]
