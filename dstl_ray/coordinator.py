@@ -1,5 +1,5 @@
 """``CheckpointCoordinator``: triggers checkpoints and savepoints, writes their metadata,
-retains the last K, subsumes older ones and drives recovery (design.md "Checkpoint lifecycle";
+retains the last K, subsumes older ones and drives recovery (docs/architecture.md "Checkpoint lifecycle";
 Flink's retained checkpoints and restore modes; FLINK-5053 savepoints).
 
 A checkpoint is complete only when every backend's snapshot is durable and

@@ -1,4 +1,4 @@
-"""The versioned changelog file format (design.md "Changelog file format").
+"""The versioned changelog file format (docs/architecture.md "File format").
 
 One physical file per flush::
 

@@ -14,7 +14,7 @@ from .namespaces import Caller
 
 @dataclass(frozen=True)
 class PersistRequest:
-    """ONE request of one writer: its encoded changesets not yet uploaded (design.md step 2)."""
+    """ONE request of one writer: its encoded changesets not yet uploaded (docs/architecture.md "Write path" 2)."""
 
     job_id: str
     section: EncodedSection

@@ -1,4 +1,4 @@
-"""The node actor: one ``ChangelogNode`` per Ray node (design.md "Write path" 3-6).
+"""The node actor: one ``ChangelogNode`` per Ray node (docs/architecture.md "Write path" 3-6).
 
 It batches the persist requests it receives exactly as FLIP-158 "Implementation notes" say:
 a batch is sent ``persist_delay`` after its first request, at once when every registered
@@ -1232,7 +1232,7 @@ class ChangelogNode:
 
     async def _watch_membership(self) -> None:
         """Root only: attach nodes that joined Ray as leaves; re-attach the children of
-        nodes that left (design.md "Terms": the tree is static between membership changes)."""
+        nodes that left (docs/architecture.md "Tree": the tree is static between membership changes)."""
         from topology.membership import reconcile
 
         while self.parent is None:

@@ -1,4 +1,4 @@
-"""Storage over fsspec URLs (design.md "Storage").
+"""Storage over fsspec URLs.
 
 ``file://`` (the default) writes through a temp file, fsync and rename, so a reader never
 sees a half-written file; ``memory://`` is for unit tests in one process; ``s3://`` goes

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing of the upload path (design.md "Observability").
+"""OpenTelemetry tracing of the upload path (docs/architecture.md "Observability").
 
 One trace per persist request: ``dstl.writer.persist`` -> ``dstl.node`` at every level the
 request passes (receive, batch wait, forward or flush) -> ``dstl.dfs.put`` -> one

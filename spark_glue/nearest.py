@@ -1,5 +1,5 @@
 """From inside a Spark task's Python worker: connect to Ray once per worker process and find
-the node actor of this executor's Ray node (design.md "Spark glue").
+the node actor of this executor's Ray node (docs/architecture.md "Spark glue").
 
 RayDP runs executors as Ray actors; the Python worker a Spark task runs in is forked by its
 executor and inherits ``RAY_RAYLET_PID`` from the executor's raylet, which identifies the Ray

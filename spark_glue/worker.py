@@ -1,7 +1,7 @@
 """The executor side of :class:`~spark_glue.operator.KeyedStatefulOperator`: one Spark task per
 operator subtask, running in a Spark Python worker process.
 
-Each worker process caches the backend of every subtask it ran (design.md "Spark glue"), so a
+Each worker process caches the backend of every subtask it ran (docs/architecture.md "Spark glue"), so a
 micro-batch normally applies its rows to state already in memory and only uploads the changes
 (FLIP-158 "Performing a checkpoint"). The cache is trusted only when it holds exactly the state
 of the checkpoint the driver says is the latest complete one, in the driver's current epoch; a

@@ -1,5 +1,5 @@
 """Finding the nearest node actor from any process on a Ray node: a driver, a task, an actor,
-or a Spark Python worker (design.md "Spark glue").
+or a Spark Python worker (docs/architecture.md "Spark glue").
 
 Order of evidence: inside a Ray worker (task or actor) the runtime context names our node;
 otherwise ``RAY_RAYLET_PID`` (inherited from the raylet by Spark executors' Python workers, and

@@ -1,4 +1,4 @@
-"""The forward-or-flush decision (design.md "Write path" 4), shared by the node actor and the
+"""The forward-or-flush decision (docs/architecture.md "Write path" 4), shared by the node actor and the
 scale simulation so both run the same code."""
 
 from __future__ import annotations
