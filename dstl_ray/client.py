@@ -263,13 +263,19 @@ class RayNodeTransport:
                          self.node_name, result.path, request.log_id)
                 self.release(result, request.log_id, False)
 
-    def _fail(self, batch: _Batch, e: BaseException) -> None:
+    def _note_unavailable(self, e: BaseException) -> None:
+        """A call failed because the node actor is gone: find it (restarted) again next time."""
         import ray
 
         if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
                           NodeUnavailableError)):
             with self._lock:
-                self._stale = True  # find the (restarted) node again next time
+                self._stale = True
+
+    def _fail(self, batch: _Batch, e: BaseException) -> None:
+        import ray
+
+        self._note_unavailable(e)
         if isinstance(e, ray.exceptions.OwnerDiedError):
             # the owner of the request is this very process, alive: the node's Ray node could
             # not call it back to fetch the request (dstl_ray.auth)
@@ -299,16 +305,11 @@ class RayNodeTransport:
             return done
 
         def taken(f: concurrent.futures.Future) -> None:
-            import ray
-
             e = f.exception()
             if e is None:
                 done.set_result(None)
             else:
-                if isinstance(e, (ray.exceptions.RayActorError,
-                                  ray.exceptions.ActorUnavailableError)):
-                    with self._lock:
-                        self._stale = True  # find the (restarted) node again next time
+                self._note_unavailable(e)
                 done.set_exception(PersistError(
                     f"node actor {self.node_name} did not take the mark of log {log_id} for "
                     f"checkpoint {checkpoint_id}: {type(e).__name__}: {e}"))

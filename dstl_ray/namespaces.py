@@ -55,18 +55,12 @@ def current_caller(namespace: str | None = None) -> Caller:
 
 def dead_ray_jobs(job_ids: Iterable[str]) -> bool:
     """True if Ray's job table marks every one of ``job_ids`` dead (unknown ids count as
-    alive: never take a job over on doubt)."""
+    alive, and so does a table that cannot be read: never take a job over on doubt)."""
     ids = set(job_ids)
     if not ids:
         return True
-    try:
-        from ray._private.state import state
-
-        table = {e["JobID"]: e.get("IsDead", False) for e in state.job_table()}
-    except Exception as e:  # noqa: BLE001 - no answer: keep the binding
-        log.debug("job table lookup failed: %s", e)
-        return False
-    return all(table.get(j, False) for j in ids)
+    dead = dead_ray_job_ids(ids)
+    return dead is not None and ids <= dead
 
 
 def dead_ray_job_ids(job_ids: Iterable[str]) -> set[str] | None:
