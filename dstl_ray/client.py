@@ -30,6 +30,7 @@ from .handle import Segment
 from .keygroups import KeyGroupRange
 from .messages import PersistRequest, Transport
 from .namespaces import current_caller
+from .node.release import UploadRegistry
 from .storage import get_storage, join, normalize_url, storage_for
 from .upload import Uploader
 from .writer import StateChangelogWriter
@@ -380,8 +381,7 @@ class DirectTransport:
         self._deleter = background_deleter()  # release runs under a backend's lock
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
         self.node_key = f"direct-{os.getpid()}"
-        self.files: dict[str, set[str]] = {}
-        self._lock = threading.Lock()
+        self.files = UploadRegistry()  # one file per request: its one section
 
     def register(self, log_id: str) -> None:
         pass
@@ -395,8 +395,7 @@ class DirectTransport:
             rel = f"dstl/{self.node_key}/{uuid.uuid4().hex}{FILE_SUFFIX}"
             written = self.uploader.write(join(self.job_path, rel), data)
             rel = written[len(self.job_path) + 1:]  # a retry or hedge may win under its name
-            with self._lock:
-                self.files[rel] = {request.log_id}
+            self.files.track(rel, [(request.log_id, off)])
             s = request.section
             return Segment(rel, off, len(s.data), s.sqn_min, s.sqn_max, self.node_key)
 
@@ -404,15 +403,7 @@ class DirectTransport:
 
     def release(self, segment: Segment, log_id: str, used: bool,
                 last_checkpoint: int = -1) -> None:
-        with self._lock:
-            logs = self.files.get(segment.path)
-            if logs is None:
-                return
-            logs.discard(log_id)
-            if logs:
-                return
-            del self.files[segment.path]
-        if not used:
+        if self.files.release(segment.path, (log_id, segment.offset), used):
             self._deleter.delete(self.storage, join(self.job_path, segment.path))
 
     def flush_releases(self, timeout: float | None = 60.0) -> bool:

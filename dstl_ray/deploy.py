@@ -87,6 +87,7 @@ def deploy(base_path: str, config: ChangelogConfig | None = None, *,
 
     Connects to Ray (``address``, ``RAY_ADDRESS`` or a local cluster) if needed.
     """
+    from topology.membership import reconcile
     from topology.placement import node_actor_name, place_tree
 
     from .merging import FileMergingOptions
@@ -95,7 +96,7 @@ def deploy(base_path: str, config: ChangelogConfig | None = None, *,
     base = normalize_url(base_path)
     FileMergingOptions.from_config(config).check_storage(base)  # refused before any actor
     ensure_ray(config.namespace, address)
-    placed = place_tree(base, config, detached=detached)
+    placed = place_tree(base, config, detached=detached, reconcile=reconcile)
     if not placed:
         raise NodeUnavailableError("the Ray cluster has no alive nodes")
     nodes = {}

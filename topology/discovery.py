@@ -16,16 +16,13 @@ from typing import Any
 import ray
 
 from dstl_ray.errors import NodeUnavailableError
+from dstl_ray.node.peers import list_node_actors
 
-from .placement import NODE_PREFIX, node_actor_name
+from .placement import node_actor_name
+
+__all__ = ["find_nearest_node", "list_node_actors"]
 
 log = logging.getLogger(__name__)
-
-
-def list_node_actors(namespace: str) -> list[str]:
-    names = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in names
-                  if a.get("namespace") == namespace and a["name"].startswith(NODE_PREFIX))
 
 
 def _infos(namespace: str) -> list[tuple[str, Any, dict[str, Any]]]:

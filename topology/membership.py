@@ -59,5 +59,5 @@ def reconcile(base_path: str, config: ChangelogConfig, order: list[str] | None
                      no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-    place_tree(base_path, config, order=new, detached=True)
+    place_tree(base_path, config, order=new, detached=True, reconcile=reconcile)
     return new

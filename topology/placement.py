@@ -11,10 +11,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dstl_ray.config import ChangelogConfig
 from dstl_ray.node import ChangelogNode
+from dstl_ray.node.membership import Reconcile
+from dstl_ray.node.peers import NODE_PREFIX
 
 from .tree import TreePosition, build_tree
 
-NODE_PREFIX = "dstl-node-"
+__all__ = ["NODE_PREFIX", "alive_nodes", "node_actor_name", "node_order", "place_tree"]
+
 RemoteChangelogNode = ray.remote(ChangelogNode)
 
 
@@ -38,8 +41,11 @@ def node_order(nodes: list[dict[str, Any]]) -> list[str]:
 
 
 def place_tree(base_path: str, config: ChangelogConfig, order: list[str] | None = None,
-               detached: bool = True) -> dict[str, tuple[TreePosition, Any]]:
+               detached: bool = True, reconcile: Reconcile | None = None
+               ) -> dict[str, tuple[TreePosition, Any]]:
     """Create (or reuse) the node actors for ``order`` (default: every alive Ray node).
+    ``reconcile`` (``topology.membership.reconcile``): the root's membership watcher keeps
+    the tree in line with Ray's nodes with it; without it there is no watcher.
 
     Returns node id -> (tree position, actor handle).
     """
@@ -59,7 +65,8 @@ def place_tree(base_path: str, config: ChangelogConfig, order: list[str] | None 
         if detached:
             opts["lifetime"] = "detached"
         actor = RemoteChangelogNode.options(**opts).remote(
-            nid, names[nid], base_path, config, parent, pos.level, pos.index, pos.height)
+            nid, names[nid], base_path, config, parent, pos.level, pos.index, pos.height,
+            reconcile)
         placed[nid] = (pos, actor)
     # (re-)attach: actors may exist already with another parent; children before parents
     for p, a in sorted(placed.values(), key=lambda pa: -pa[0].level):

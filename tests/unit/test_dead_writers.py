@@ -12,12 +12,12 @@ import uuid
 import pytest
 
 from dstl_ray import ChangelogConfig, DirectTransport, KeyGroupRange, PersistError
-from dstl_ray import node as node_mod
 from dstl_ray.dead_writers import RESTART_MARGIN_S, DeadWriters, bounds_of
 from dstl_ray.errors import FencedError
 from dstl_ray.merging import UNKNOWN_USE
 from dstl_ray.namespaces import Caller
 from dstl_ray.node import ChangelogNode
+from dstl_ray.node import dead_writer_check as node_mod
 from dstl_ray.writer import StateChangelogWriter
 
 ALIVE, DEAD = Caller("ns", "01000000", True), Caller("ns", "02000000", True)
@@ -81,10 +81,8 @@ def test_a_log_is_kept_when_a_node_started_after_its_first_record():
 
 
 def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatch):
-    from topology import discovery
-
     node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
-    monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root"])
+    monkeypatch.setattr(node_mod, "list_node_actors", lambda ns: ["root"])
     dead_now: set[str] = set()
     monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: dead_now & set(ids))
 
@@ -93,7 +91,7 @@ def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatc
         await node.register_writer("live", "J", ALIVE, -1)
         await node.mark("J", "dead", 5, DEAD, named=5)
         dead_now.add(DEAD.ray_job)
-        ff = node._job_files("J")
+        ff = node._flush.job_files("J")
         rel, base = await asyncio.to_thread(ff.append, b"x" * 64, [("dead", 0), ("dead", 32)])
         assert await node.release_dead_writers() == 1
         with pytest.raises(FencedError):  # the process (or a zombie of it) is refused
@@ -111,17 +109,15 @@ def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatc
 
 
 def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
-    from topology import discovery
-
     node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
-    monkeypatch.setattr(discovery, "list_node_actors", lambda ns: ["root", "gone"])
+    monkeypatch.setattr(node_mod, "list_node_actors", lambda ns: ["root", "gone"])
     dead_now: set[str] = set()
     monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: dead_now & set(ids))
 
     def no_actor(name):
         raise ValueError(f"no actor {name}")
 
-    monkeypatch.setattr(node, "_actor", no_actor)
+    monkeypatch.setattr(node._peers, "actor", no_actor)
 
     async def run() -> int:
         await node.register_writer("dead", "J", DEAD, -1)

@@ -27,15 +27,15 @@ def test_only_the_first_checkpoint_waits_for_registered_sources(tmp_path):
         await node.register_source("child", ["J"])
         await node.register_source("child2", ["other"])
         await node.mark("J", "a", 0, C)
-        assert node._late_for("J", 0) == {"b", "x", "child"}
+        assert node._batching.late_for("J", 0) == {"b", "x", "child"}
         await node.mark("J", "b", 0, C)
         await node.mark("J", "child", 0, C)
-        assert node._late_for("J", 0) == {"x"}
+        assert node._batching.late_for("J", 0) == {"x"}
         for log in ("a", "b", "child"):
             await node.mark("J", log, 1, C)
-        assert node._late_for("J", 1) == set()  # x is not waited for again
+        assert node._batching.late_for("J", 1) == set()  # x is not waited for again
         await node.mark("J", "a", 2, C)
-        assert node._late_for("J", 2) == {"b", "child"}  # those of checkpoint 1
+        assert node._batching.late_for("J", 2) == {"b", "child"}  # those of checkpoint 1
 
     asyncio.run(run())
 
@@ -47,8 +47,8 @@ def test_a_childs_jobs_are_learned_from_its_requests_too(tmp_path):
 
     async def run() -> None:
         await node.register_source("child")  # no job list: an older child, a lost one
-        assert node._child_jobs.get("child", frozenset()) == frozenset()
+        assert node._sources.child_jobs.get("child", frozenset()) == frozenset()
         await node.mark("J", "child", 0, C)
-        assert node._child_jobs["child"] == {"J"}
+        assert node._sources.child_jobs["child"] == {"J"}
 
     asyncio.run(run())

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from dstl_ray import ChangelogConfig
-from dstl_ray import node as node_mod
 from dstl_ray.format import EncodedSection
 from dstl_ray.handle import Segment
 from dstl_ray.messages import PersistRequest
 from dstl_ray.node import ChangelogNode
+from dstl_ray.node import routing as routing_mod
 
 
 class _Ref:
@@ -61,28 +61,28 @@ def _request(log: bytes) -> PersistRequest:
 
 @pytest.mark.parametrize("late", [True, False])
 def test_an_answer_after_the_grace_is_released_unused(tmp_path, monkeypatch, late):
-    monkeypatch.setattr(node_mod, "REPLY_GRACE_S", 0.05)
+    monkeypatch.setattr(routing_mod, "REPLY_GRACE_S", 0.05)
     node = ChangelogNode("n1", "child", f"file://{tmp_path}", ChangelogConfig(),
                          parent="parent", level=1)
     parent = _Parent()
-    node._handles["parent"] = parent
+    node._peers.handles["parent"] = parent
     reqs = [_request(b"\x0a" * 16), _request(b"\x0b" * 16)]
 
     async def run() -> None:
         if late:
             with pytest.raises(asyncio.TimeoutError):
-                await node._forward("parent", reqs, 0.05)
-            assert node._late_answers  # still listening for the answer
+                await node._router.forward("parent", reqs, 0.05)
+            assert node._router.late_answers  # still listening for the answer
         else:
             parent.answer.set_result([Segment("dstl/parent/f.dstl", 0, 5, 0, 0, "parent"),
                                       Segment("dstl/parent/f.dstl", 5, 5, 0, 0, "parent")])
-            segs = await node._forward("parent", reqs, 0.05)
+            segs = await node._router.forward("parent", reqs, 0.05)
             assert len(segs) == 2
             return
         parent.answer.set_result([Segment("dstl/parent/f.dstl", 0, 5, 0, 0, "parent"),
                                   ValueError("the parent could not write log-b")])
         for _ in range(100):
-            if not node._late_answers:
+            if not node._router.late_answers:
                 break
             await asyncio.sleep(0.01)
 
@@ -94,4 +94,4 @@ def test_an_answer_after_the_grace_is_released_unused(tmp_path, monkeypatch, lat
     # only the segment the parent wrote, at the node that flushed it, unused
     assert [(a[0], a[1], a[2], a[3], a[5]) for a in releases] == [
         ("j", "dstl/parent/f.dstl", "0a" * 16, False, 0)]
-    assert node.counters.late_answers_released == 1 and not node._late_answers
+    assert node.counters.late_answers_released == 1 and not node._router.late_answers
