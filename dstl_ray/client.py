@@ -42,6 +42,11 @@ _Batch = list[tuple[PersistRequest, concurrent.futures.Future]]
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+def _fail_future(fut: concurrent.futures.Future, e: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(e)
+
+
 def check_job_id(job_id: object) -> str:
     if not isinstance(job_id, str) or not _JOB_ID.match(job_id):
         raise ConfigError(f"job id must match {_JOB_ID.pattern} (it names a directory), "
@@ -84,7 +89,9 @@ class RayNodeTransport:
         # calls sent and not answered: call number -> (deadline, its requests)
         self._inflight: dict[int, tuple[float, _Batch]] = {}
         self._calls = 0
-        self.timeouts = 0  # persist calls failed by the deadline
+        # awaited marks not taken yet: mark number -> (deadline, its future, what it was)
+        self._marks: dict[int, tuple[float, concurrent.futures.Future, str]] = {}
+        self.timeouts = 0  # persist calls (and awaited marks) failed by the deadline
         self.late_released = 0  # segments of late answers released unused
         self._deleter = background_deleter()  # releases run off the caller's locks
         self._sender: threading.Thread | None = None
@@ -171,21 +178,27 @@ class RayNodeTransport:
         request = dataclasses.replace(request, caller=self._caller)
         with self._cond:
             self._queue.append((request, fut))
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_loop, daemon=True,
-                                                name="dstl-sender")
-                self._sender.start()
+            self._start_sender()
             self._cond.notify()
         return fut
+
+    def _start_sender(self) -> None:
+        """(caller holds ``_cond``)"""
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                            name="dstl-sender")
+            self._sender.start()
 
     def _send_loop(self) -> None:
         while True:
             with self._cond:
                 while True:
                     expired = self._take_expired(time.monotonic())
-                    if self._queue or expired:
+                    marks = self._take_expired_marks(time.monotonic())
+                    if self._queue or expired or marks:
                         break
-                    nearest = min((d for d, _ in self._inflight.values()), default=None)
+                    nearest = min([d for d, _ in self._inflight.values()]
+                                  + [d for d, _, _ in self._marks.values()], default=None)
                     self._cond.wait(None if nearest is None
                                     else max(0.0, nearest - time.monotonic()))
                 batch, self._queue = self._queue, []
@@ -194,6 +207,10 @@ class RayNodeTransport:
                     call = self._calls
                     self._inflight[call] = (
                         time.monotonic() + self.config.effective_persist_timeout_s, batch)
+            for fut, what in marks:
+                self._deliveries.submit(_fail_future, fut, PersistError(
+                    f"node actor {self.node_name} did not take {what} within "
+                    f"persist_timeout_s={self.config.effective_persist_timeout_s:g}s"))
             for b in expired:  # off this thread: failing a future runs writers' callbacks
                 self._deliveries.submit(self._fail, b, PersistError(
                     f"node actor {self.node_name} did not answer {len(b)} persist "
@@ -219,6 +236,12 @@ class RayNodeTransport:
         gone = [c for c, (d, _) in self._inflight.items() if d <= now]
         self.timeouts += len(gone)
         return [self._inflight.pop(c)[1] for c in gone]
+
+    def _take_expired_marks(self, now: float) -> list[tuple[concurrent.futures.Future, str]]:
+        """Awaited marks past their deadline, no longer waited for (caller holds ``_cond``)."""
+        gone = [m for m, (d, _, _) in self._marks.items() if d <= now]
+        self.timeouts += len(gone)
+        return [self._marks.pop(m)[1:] for m in gone]
 
     def _answered(self, call: int, batch: _Batch, f: concurrent.futures.Future) -> None:
         """On Ray's event thread: the answer is in time if its call is still in flight now
@@ -305,7 +328,22 @@ class RayNodeTransport:
                                             f"{checkpoint_id} not sent: {e}"))
             return done
 
+        number = -1
+        if named is not None:  # awaited by a handle: it has the persist deadline too
+            with self._cond:
+                self._calls += 1
+                number = self._calls
+                self._marks[number] = (
+                    time.monotonic() + self.config.effective_persist_timeout_s, done,
+                    f"the mark of log {log_id} for checkpoint {checkpoint_id}")
+                self._start_sender()
+                self._cond.notify()
+
         def taken(f: concurrent.futures.Future) -> None:
+            if number >= 0:
+                with self._cond:
+                    if self._marks.pop(number, None) is None:
+                        return  # failed by its deadline already
             e = f.exception()
             if e is None:
                 done.set_result(None)

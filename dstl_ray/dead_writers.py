@@ -20,20 +20,25 @@ dead (Ray actors inside a live job are not covered). Then, over every node of th
    process Ray took for dead (a partition) cannot name a newer checkpoint, and returns its
    records of it. If any node does not answer, nothing is released this round.
 2. ``forget``: the bound of each log is the largest ``named`` any node recorded (or applied
-   in an earlier, interrupted round); each node fences too, releases that log's sections
-   (raising ``last_use`` where an earlier round released them) and remembers it for flushes
-   still on their way. A log is skipped (kept for good) if a node was restarted by Ray after
-   the log's first record: it may have lost the newest one.
+   in an earlier, interrupted round), raised to the newest checkpoint id of the job that any
+   node saw in a request or mark (a checkpoint naming the section was triggered before the
+   writer died, and every checkpoint triggered since went through some live node, unless
+   the job has no live writer left; this covers a writer whose newest record was on a node
+   that then left the tree). Each node fences too, releases that log's sections (raising
+   ``last_use`` where an earlier round released them) and remembers it for flushes still
+   on their way. A log is skipped (kept for good) if a node was restarted by Ray after the
+   log's first record: it may have lost the newest one.
 
 Off unless ``dead_writer_check_s`` > 0 (and ``file_merging=across_checkpoints``): then nodes
-keep records and writers wait for their marks. Known limits, for which the sections are kept
-(never freed early): a Ray node that dies with the writer's process takes the writer's
-records with it; writers in Ray actors or tasks (not drivers) are never declared dead. One
-is not covered: a writer that moved to another node actor (its node failed), whose new node
-then left the tree, and that died before registering anywhere again, is bounded by its old
-node's older record. A node restarted by Ray, or one that joined after a round, never
-got its fence: it looks up every driver's Ray job the first time it sees it, and fences a
-dead one itself. A skipped log is released as unknown, so no later round can bound it lower.
+keep records and writers wait for their marks (within ``persist_timeout_s``). Known limits,
+for which the sections are kept (never freed early): a Ray node that dies with the writer's
+process takes the writer's records with it; writers in Ray actors or tasks (not drivers) are
+never declared dead. A node restarted by Ray, or one that joined after a round, never got
+its fence: it looks up every driver's Ray job the first time it sees it, and fences a dead
+one itself. A skipped log is released as unknown, so no later round can bound it lower.
+Nothing here grows without bound: records go with their writers, fenced Ray jobs are capped
+(``FENCED_MAX``, oldest first), bounds and newest checkpoint ids go with the job's node
+state (a job restarted under its id, or idle).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from .merging import UNKNOWN_USE
 from .namespaces import Caller
 
 RESTART_MARGIN_S = 2.0  # clock difference between nodes (hosts) we allow for
+FENCED_MAX = 100_000  # Ray jobs fenced, kept per node (the oldest go first: long dead)
 
 
 @dataclass
@@ -77,7 +83,12 @@ class DeadWriters:
     # when Ray restarted this node actor (0: never), to skip logs it may have lost records of
     started: float = 0.0
     records: dict[str, WriterRecord] = field(default_factory=dict)
-    fenced: set[str] = field(default_factory=set)
+    # Ray job -> when fenced; insertion-ordered, so the oldest are dropped past FENCED_MAX
+    fenced: dict[str, float] = field(default_factory=dict)
+    # job -> newest checkpoint id this node saw in any request or mark of the job (from
+    # any writer): a checkpoint naming a dead writer's section was triggered before the
+    # death, so its id is at most the newest seen anywhere once the writer is fenced
+    newest: dict[str, int] = field(default_factory=dict)
     vetted: set[str] = field(default_factory=set)  # Ray jobs looked up once, found alive
     # job -> log -> (Ray job, bound) of logs released here: for flushes landing later, and
     # reported again in a later round (one interrupted half-way)
@@ -104,6 +115,21 @@ class DeadWriters:
         else:
             rec.report(named)
 
+    def saw(self, job_id: str, checkpoint_id: int) -> None:
+        if checkpoint_id > self.newest.get(job_id, -1):
+            self.newest[job_id] = checkpoint_id
+
+    def add_fenced(self, ray_job: str) -> None:
+        if ray_job not in self.fenced:
+            self.fenced[ray_job] = time.time()
+            while len(self.fenced) > FENCED_MAX:
+                del self.fenced[next(iter(self.fenced))]
+
+    def reset(self, job_id: str) -> None:
+        """The job restarted under its id (or was forgotten as idle) here."""
+        self.dead_logs.pop(job_id, None)
+        self.newest.pop(job_id, None)
+
     def unregistered(self, log_id: str) -> None:
         self.records.pop(log_id, None)  # a closed writer released everything itself
 
@@ -119,19 +145,20 @@ class DeadWriters:
                 if r.ray_job and r.ray_job not in self.fenced}
 
     def fence(self, ray_job: str) -> dict[str, Any]:
-        self.fenced.add(ray_job)
+        self.add_fenced(ray_job)
         records = {log: (r.job_id, r.bound, r.created)
                    for log, r in self.records.items() if r.ray_job == ray_job}
         for job, logs in self.dead_logs.items():  # applied by an earlier round
             for log, (rj, bound) in logs.items():
                 if rj == ray_job and log not in records:
                     records[log] = (job, bound, float("inf"))
-        return {"started": self.started, "records": records}
+        # every job's: the node that saw a dead writer's job go furthest may hold no record
+        return {"started": self.started, "records": records, "newest": dict(self.newest)}
 
     def forget(self, ray_job: str, bounds: dict[str, dict[str, int]]) -> None:
         """Phase 2: fence (a node that joined after phase 1), drop the Ray job's records,
         remember the logs' bounds per job."""
-        self.fenced.add(ray_job)
+        self.add_fenced(ray_job)
         for log in [lg for lg, r in self.records.items() if r.ray_job == ray_job]:
             del self.records[log]
         for job, logs in bounds.items():
@@ -151,9 +178,13 @@ class DeadWriters:
 
 def bounds_of(answers: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]], int]:
     """From every node's ``fence`` answer: per job, per log, the largest ``named`` any node
-    recorded; and how many logs are skipped because a node (re)started after their first
+    recorded, raised to the newest checkpoint id of the job any node saw; and how many logs are skipped because a node (re)started after their first
     record (it may have lost a newer one)."""
     latest_start = max(a["started"] for a in answers)
+    newest: dict[str, int] = {}
+    for a in answers:
+        for job, c in a.get("newest", {}).items():
+            newest[job] = max(newest.get(job, -1), c)
     merged: dict[str, tuple[str, int, float]] = {}
     for a in answers:
         for log, (job, named, created) in a["records"].items():
@@ -169,5 +200,9 @@ def bounds_of(answers: list[dict[str, Any]]) -> tuple[dict[str, dict[str, int]],
         if created != float("inf") and latest_start > created - RESTART_MARGIN_S:
             skipped += 1  # released as unknown: kept for good, and so in any later round
             named = UNKNOWN_USE
+        elif named != UNKNOWN_USE:
+            # the writer's own knowledge may be stale where its newest record was lost
+            # (its node left the tree): no checkpoint newer than any node saw can name it
+            named = max(named, newest.get(job, -1))
         out.setdefault(job, {})[log] = named
     return out, skipped

@@ -110,7 +110,7 @@ class ChangelogNode:
     def _reset_job(self, job_id: str) -> None:
         """A job's node-side state starts clean (a newer incarnation) or goes (idle)."""
         self._batching.forget_job(job_id)
-        self._dead.dead_logs.pop(job_id, None)
+        self._dead.reset(job_id)
         self._flush.drop_job(job_id)
 
     @property

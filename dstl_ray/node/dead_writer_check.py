@@ -83,6 +83,11 @@ class DeadWriterCheck:
         if rec is not None and caller is not None and caller.ray_job == rec.ray_job:
             self.dead.unregistered(log_id)
 
+    def saw(self, job_id: str, checkpoint_id: int) -> None:
+        """A request or mark of ``job_id`` for ``checkpoint_id`` passed here: a dead log's
+        bound is at least the newest checkpoint of its job any node saw."""
+        self.dead.saw(job_id, checkpoint_id)
+
     def watch(self) -> None:
         """Start (once) the periodic check for writers whose process died."""
         if self._watch is None and self.on:
@@ -114,7 +119,7 @@ class DeadWriterCheck:
             self.dead.vetted.clear()  # bounded: the oldest are simply looked up again
         self.dead.vetted.add(rj)
         if rj in dead:
-            self.dead.fenced.add(rj)
+            self.dead.add_fenced(rj)
 
     # ------------------------------------------------------------------ rounds
 

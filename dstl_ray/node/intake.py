@@ -151,6 +151,8 @@ class Intake:
         for r in requests:
             if r.subsumed >= 0:
                 self.flusher.subsumed(r.job_id, r.subsumed)
+            if r.checkpoint_id >= 0:
+                self.dead.saw(r.job_id, r.checkpoint_id)
         self.counters.requests += 1
         self.metrics.request()
         self.batching.add(item)
@@ -174,6 +176,7 @@ class Intake:
             self.dead.reported(source, job_id, caller, named)
         if checkpoint_id < 0:
             return
+        self.dead.saw(job_id, checkpoint_id)
         self.batching.mark(job_id, source, checkpoint_id)
         upstream = self.router.upstream()
         if upstream is not None and self.batching.pass_mark_up(job_id, checkpoint_id):

@@ -107,3 +107,7 @@ class Jobs:
                 self._on_reset(job_id)
                 self.namespaces.forget(job_id)
                 self.counters.jobs_forgotten += 1
+        for job_id in set(self.dead.dead_logs) | set(self.dead.newest):
+            # bounds a release round sent for a job this node never served
+            if job_id not in self.seen and not self._holds(job_id):
+                self.dead.reset(job_id)

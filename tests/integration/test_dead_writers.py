@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from dstl_ray import KeyGroupRange, StateChangelogClient, StateChangelogHandle
+from dstl_ray import KeyGroupRange, PersistError, StateChangelogClient, StateChangelogHandle
 
 JOB = "deadw"
 
@@ -84,3 +84,35 @@ def test_a_killed_writers_merged_flushes_go_once_no_checkpoint_can_name_them(
         client.close()
     st = tree.status()
     assert sum(s["dead_writers_kept"] for s in st) == 0
+
+
+def test_a_mark_the_node_does_not_take_fails_at_the_persist_deadline(tree_factory, namespace,
+                                                                     tmp_path):
+    """With merged files a handle waits until its node took the writer's mark (the node
+    must know how far the writer's handles go before one goes out). A node that never
+    answers (its process paused) fails the handle with PersistError after
+    persist_timeout_s. Before, the handle waited for as long as the node was paused."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", file_merging="across_checkpoints",
+                        dead_writer_check_s=3600, persist_delay_s=0.01, persist_timeout_s=2.0)
+    client = StateChangelogClient("markdl", namespace=namespace)
+    w = client.create_writer("op", KeyGroupRange(0, 0))
+    try:
+        w.append(0, b"a")
+        w.persist_durably(0, checkpoint_id=1).result(timeout=30)
+        pid = next(s["pid"] for s in tree.status() if s["name"] == client.transport.node_name)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            fut = w.persist_durably(0, checkpoint_id=2)  # nothing new: an awaited mark
+            try:
+                fut.result(timeout=10)
+                raise AssertionError("the handle went out without the node taking the mark")
+            except PersistError as e:
+                assert "persist_timeout_s=2s" in str(e) and "mark" in str(e)
+            assert 1.9 <= time.monotonic() - t0 < 8
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        h = w.persist_durably(0, checkpoint_id=3).result(timeout=30)  # the node is back
+        assert h.read_all() == {0: [b"a"]}
+    finally:
+        client.close()

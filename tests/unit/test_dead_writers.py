@@ -224,3 +224,73 @@ def test_a_node_that_missed_the_fence_looks_a_new_driver_up_first(tmp_path, monk
 
     asyncio.run(run())
     assert lookups == [{DEAD.ray_job}, {ALIVE.ray_job}]
+
+
+def test_a_stale_record_is_raised_to_the_newest_checkpoint_any_node_saw():
+    """The writer moved to another node (its node failed) and named checkpoint 9 there; that
+    node then left the tree with the newest record. The old record says 5: a bound of 5 would
+    free sections checkpoint 9 names. Any node that saw checkpoint 9 of the job (another
+    writer's request or mark) raises the bound: no checkpoint newer than any node saw can
+    name a fenced writer's section."""
+    old = DeadWriters()
+    old.registered("a", "J", DEAD, -1)
+    old.reported("a", "J", DEAD, 5)
+    old.saw("J", 5)
+    root = DeadWriters()
+    root.saw("J", 9)  # the job's newest checkpoint, seen in another writer's request
+    root.saw("K", 12)  # another job's checkpoints say nothing about J
+    root.registered("b", "K", DEAD, -1)
+    root.reported("b", "K", DEAD, UNKNOWN_USE)
+    bounds, skipped = bounds_of([old.fence(DEAD.ray_job), root.fence(DEAD.ray_job)])
+    assert bounds == {"J": {"a": 9}, "K": {"b": UNKNOWN_USE}} and skipped == 0
+
+
+def test_a_round_bounds_by_the_newest_checkpoint_the_node_saw(tmp_path, monkeypatch):
+    """Node-level: the dead writer's own record says 5, the job went on to checkpoint 9
+    (another writer's mark here): its section stays until checkpoint 9 is subsumed."""
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
+    monkeypatch.setattr(node_mod, "list_node_actors", lambda ns: ["root"])
+    dead_now: set[str] = set()
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: dead_now & set(ids))
+
+    async def run() -> tuple[str, bool]:
+        await node.register_writer("dead", "J", DEAD, -1)
+        await node.mark("J", "dead", 5, DEAD, named=5)
+        await node.register_writer("live", "J", ALIVE, -1)
+        await node.mark("J", "live", 9, ALIVE, named=9)
+        dead_now.add(DEAD.ray_job)
+        ff = node._flush.job_files("J")
+        rel, _ = await asyncio.to_thread(ff.append, b"x" * 16, [("dead", 0)])
+        assert await node.release_dead_writers() == 1
+        await asyncio.to_thread(ff.subsumed, 8)
+        kept = os.path.exists(tmp_path / "J" / rel)
+        await asyncio.to_thread(ff.subsumed, 9)
+        return rel, kept
+
+    rel, kept = asyncio.run(run())
+    assert kept, "checkpoint 9 may name the dead writer's section"
+    assert not os.path.exists(tmp_path / "J" / rel)
+
+
+def test_fenced_ray_jobs_are_bounded(monkeypatch):
+    from dstl_ray import dead_writers
+
+    monkeypatch.setattr(dead_writers, "FENCED_MAX", 3)
+    d = DeadWriters()
+    for i in range(5):
+        d.fence(f"0{i}000000")
+    assert list(d.fenced) == ["02000000", "03000000", "04000000"]  # the oldest went
+
+
+def test_bounds_of_a_job_never_served_here_are_dropped(tmp_path):
+    """A round sends every log's bounds to every node; a node that never saw the job keeps
+    them only until its idle-job sweep, and one that serves the job keeps them."""
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
+
+    async def run() -> None:
+        await node.register_writer("w", "J", ALIVE, -1)
+        await node.forget_logs(DEAD.ray_job, {"J": {"a": 3}, "K": {"b": 4}})
+        node._jobs.forget_idle()
+
+    asyncio.run(run())
+    assert set(node._dead.dead_logs) == {"J"} and node._dead.bounds_for("J") == {"a": 3}
