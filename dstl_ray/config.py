@@ -91,11 +91,12 @@ class ChangelogConfig:
         "until its next request: a killed writer process never unregisters (0: never).",
         0.0, 86400.0)
     dead_writer_check_s: float = _opt(
-        0.0, "With file_merging=across_checkpoints: how often a node actor asks Ray whether "
+        30.0, "With file_merging=across_checkpoints: how often a node actor asks Ray whether "
         "the driver processes (drivers, Spark Python workers) of its writers are alive; a "
         "dead one's sections in merged changelog files are released up to the newest "
-        "checkpoint it made a handle for, and its writers wait for their marks to be taken "
-        "(0: off; its files then stay until the job's next incarnation).", 0.0, 86400.0)
+        "checkpoint of its job any node saw, and its writers wait for their marks to be "
+        "taken (0: off; a killed writer's merged files then stay until the job's next "
+        "recovery).", 0.0, 86400.0)
     preemptive_persist_threshold: int = _opt(
         5 * MiB, "A writer ships its unpersisted changes before the checkpoint asks once they "
         "pass this size (Flink: preemptive-persist-threshold 5 MiB).", 1, 1 << 40)

@@ -22,7 +22,14 @@ After each round: the state of the latest checkpoint, restored from storage, mus
 recomputation (changes lost = keys whose count or sum differ). At the end a new operator
 start runs orphan cleanup, and storage must hold exactly the retained checkpoints' files.
 
+With ``--file-merging across_checkpoints`` the nodes append every flush to merged files, and
+``--dead-writer-check S`` makes them release, every S seconds, the sections of writers whose
+process died (a killed executor's Python workers): the results then count the merged files
+still on storage that no retained checkpoint names, before the final cleanup
+(``segment_files_unnamed``), and what the nodes released (``dead_writers``).
+
 Run: python -m experiments.chaos_spark [--quick] [--seed N] [--big-keys N] [--big-rounds N]
+[--file-merging none|across_checkpoints] [--dead-writer-check S]
 """
 
 from __future__ import annotations
@@ -69,6 +76,10 @@ def main() -> None:
     p.add_argument("--big-keys", type=int, default=-1,
                    help="distinct keys of a big round's one micro-batch (0: no big rounds)")
     p.add_argument("--big-rounds", type=int, default=1)
+    p.add_argument("--file-merging", default="none",
+                   choices=("none", "within_checkpoint", "across_checkpoints"))
+    p.add_argument("--dead-writer-check", type=float, default=0.0,
+                   help="seconds between the nodes' checks for dead writers (0: off)")
     args = p.parse_args()
     rounds = args.rounds or (3 if args.quick else 12)
     big_keys = args.big_keys if args.big_keys >= 0 else (20_000 if args.quick else 1_000_000)
@@ -104,8 +115,9 @@ def main() -> None:
     big_rounds = args.big_rounds if big_keys > 0 else 0
     t_start = time.time()
     try:
-        tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
-                      detached=False)
+        tree = deploy(f"file://{base}", ChangelogConfig(
+            namespace=NS, persist_delay_s=0.2, file_merging=args.file_merging,
+            dead_writer_check_s=args.dead_writer_check), detached=False)
         spark = start_spark("chaos-spark", num_executors=3, executor_cores=1,
                             executor_memory="1G" if big_keys > 100_000 else "512M")
         state: dict[str, Any] = {"die_at": None, "max_keys": 0}
@@ -188,13 +200,22 @@ def main() -> None:
                   f"{op.history.total - done_before}, state "
                   f"{'OK' if not problems else f'{len(problems)} DIFFERENCES'}", flush=True)
         checkpoints += op.history.total
+        # merged files no retained checkpoint names, while the job still runs (a dead
+        # writer's sections keep theirs until released)
+        named = {u.split("#")[0] for c in op.coordinator.completed_checkpoints()
+                 for u in c.files.values()}
+        job = f"file://{base}/chaos"
+        seg = [f for f in get_storage(job).list_files(job) if "/segments/" in f]
+        unnamed = len([f for f in seg if f not in named])
+        node_st = tree.status()
+        dead_st = {k: sum(s.get(f"dead_writers_{k}", 0) for s in node_st)
+                   for k in ("released", "kept")}
         op.close()
         # a new start runs orphan cleanup; storage must hold exactly the retained files
         op = new_op()
         keep = {u for c in op.coordinator.completed_checkpoints() for u in c.files.values()}
         keep |= {c.metadata_url for c in op.coordinator.completed_checkpoints()}
         keep.add(op.coordinator.lease.url)  # the job's lease: one live driver per job
-        job = f"file://{base}/chaos"
         have = set(get_storage(job).list_files(job))
         leaked = len(have - keep)
         missing = len(keep - have)
@@ -210,6 +231,8 @@ def main() -> None:
         "checkpoints_completed": checkpoints, "changes_verified": verified,
         "changes_lost": lost, "leaked_files": leaked, "missing_files": missing,
         "max_keys_per_batch": state["max_keys"], "big_batches": big,
+        "file_merging": args.file_merging, "dead_writer_check_s": args.dead_writer_check,
+        "segment_files": len(seg), "segment_files_unnamed": unnamed, "dead_writers": dead_st,
         "duration_s": round(time.time() - t_start, 1), "events": events, "machine": machine(),
     }
     pyplot = plt()

@@ -162,16 +162,25 @@ def test_a_handle_goes_out_only_after_the_node_took_the_mark():
         fut.result(timeout=10)
 
 
-def test_off_by_default_nothing_is_recorded(tmp_path):
-    node = ChangelogNode("n0", "root", f"file://{tmp_path}",
-                         ChangelogConfig(file_merging="across_checkpoints"))
+@pytest.mark.parametrize("options, on", [
+    (dict(file_merging="across_checkpoints"), True),  # on by default with merged files
+    (dict(file_merging="across_checkpoints", dead_writer_check_s=0), False),
+    (dict(), False),  # without merged files a writer's file goes with its own release
+])
+def test_records_are_kept_only_where_dead_writers_are_checked(tmp_path, monkeypatch, options,
+                                                              on):
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: set())
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**options))
 
     async def run() -> bool:
         merged = await node.register_writer("w", "J", DEAD, -1)
         await node.mark("J", "w", 1, DEAD, named=1)
+        if node._dead_watch is not None:
+            node._dead_watch.cancel()
         return merged
 
-    assert asyncio.run(run()) is False and node._dead.records == {}
+    assert asyncio.run(run()) is on
+    assert (node._dead.records["w"].bound == 1) if on else node._dead.records == {}
 
 
 def test_a_second_round_with_a_higher_bound_raises_last_use(tmp_path):
