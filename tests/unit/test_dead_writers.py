@@ -175,8 +175,8 @@ def test_records_are_kept_only_where_dead_writers_are_checked(tmp_path, monkeypa
     async def run() -> bool:
         merged = await node.register_writer("w", "J", DEAD, -1)
         await node.mark("J", "w", 1, DEAD, named=1)
-        if node._dead_watch is not None:
-            node._dead_watch.cancel()
+        if node._dead_writers._watch is not None:
+            node._dead_writers._watch.cancel()
         return merged
 
     assert asyncio.run(run()) is on
