@@ -366,6 +366,10 @@ class RayNodeTransport:
             node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
             ray.get(node.retain.remote(self.job_id, segment.path, segment.offset, log_id,
                                        self._caller, incarnation), timeout=30)
+        except ray.exceptions.ActorUnavailableError as e:  # (a RayActorError too)
+            # alive but not reachable now: it still tracks the file and would free it
+            raise NodeUnavailableError(f"cannot tell node {segment.flushed_by} that log "
+                                       f"{log_id} names {segment.path}: {e}") from e
         except (ValueError, ray.exceptions.RayActorError):
             pass  # that node actor is gone or restarted: it forgot its files, never deletes
         except NamespaceError:

@@ -303,3 +303,41 @@ def test_bounds_of_a_job_never_served_here_are_dropped(tmp_path):
 
     asyncio.run(run())
     assert set(node._dead.dead_logs) == {"J"} and node._dead.bounds_for("J") == {"a": 3}
+
+
+@pytest.mark.parametrize("error, fails", [("unavailable", True), ("died", False)])
+def test_a_retain_the_flushing_node_may_not_have_taken_fails_the_restore(monkeypatch, error,
+                                                                        fails):
+    """A restored writer names the dead writer's sections: its node must know before a
+    release round frees them. A node that is alive but unreachable (ActorUnavailableError)
+    fails the restore, to be retried; a dead or restarted one forgot its files and never
+    deletes them. Before, both were ignored: the dead writer's sections could be freed
+    while the restored writer's checkpoints named them."""
+    import ray
+
+    from dstl_ray.client import RayNodeTransport
+    from dstl_ray.errors import NodeUnavailableError
+    from dstl_ray.handle import Segment
+
+    t = object.__new__(RayNodeTransport)
+    t.namespace, t.job_id, t._caller = "ns", "J", None
+
+    class Node:
+        class retain:  # noqa: N801 - a Ray actor method
+            @staticmethod
+            def remote(*args):
+                return "ref"
+
+    def get(ref, timeout=None):
+        if error == "unavailable":
+            raise ray.exceptions.ActorUnavailableError("connection lost", None)
+        raise ray.exceptions.ActorDiedError()
+
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: Node)
+    monkeypatch.setattr(ray, "get", get)
+    seg = Segment("segments/n/f.dstl", 0, 10, 1, 2, flushed_by="dstl-node-x")
+    if fails:
+        with pytest.raises(NodeUnavailableError, match="names segments/n/f.dstl"):
+            t.retain(seg, "w2")
+    else:
+        t.retain(seg, "w2")
