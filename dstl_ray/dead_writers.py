@@ -36,6 +36,13 @@ process takes the writer's records with it; writers in Ray actors or tasks (not 
 never declared dead. A node restarted by Ray, or one that joined after a round, never got
 its fence: it looks up every driver's Ray job the first time it sees it, and fences a dead
 one itself. A skipped log is released as unknown, so no later round can bound it lower.
+A round that fails half-way (a node did not answer) is tried again: the Ray job stays a
+candidate while records of it remain. Two limits remain. A restart of any node actor after
+a log's first record keeps that log for good (nothing tells which writers the restarted node
+had): over a long run with node restarts fewer logs are released, a leak until the job's next
+recovery, never a loss. And one rare case is not covered: a writer that moved to another
+node while its old node stayed alive (a transient failure), whose new node then left the tree
+with the only record of newer handles, while no live node saw those checkpoints of its job.
 Nothing here grows without bound: records go with their writers, fenced Ray jobs are capped
 (``FENCED_MAX``, oldest first), bounds and newest checkpoint ids go with the job's node
 state (a job restarted under its id, or idle).
@@ -140,9 +147,10 @@ class DeadWriters:
                               f"writers' sections were released")
 
     def candidates(self) -> set[str]:
-        """Ray jobs of writers recorded here, not fenced yet: to check for death."""
-        return {r.ray_job for r in self.records.values()
-                if r.ray_job and r.ray_job not in self.fenced}
+        """Ray jobs of writers recorded here: to check for death. Fenced ones too: a round
+        that failed half-way (fenced, not forgotten everywhere) is tried again, and a
+        record goes only when a round's second phase reached this node."""
+        return {r.ray_job for r in self.records.values() if r.ray_job}
 
     def fence(self, ray_job: str) -> dict[str, Any]:
         self.add_fenced(ray_job)

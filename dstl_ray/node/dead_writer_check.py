@@ -7,6 +7,7 @@ merged across checkpoints and ``dead_writer_check_s`` is set."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from typing import Any
@@ -22,6 +23,9 @@ from .stats import NodeCounters
 log = logging.getLogger(__name__)
 
 VETTED_MAX = 10_000  # Ray jobs a node remembers having looked up (dstl_ray.dead_writers)
+# Ray's job table is read on a thread of its own: a slow GCS (or a table of every Spark
+# worker ever started) must not hold up the threads that write and delete files
+_JOB_TABLE = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-jobtable")
 
 
 def restarted_at() -> float:
@@ -56,6 +60,7 @@ class DeadWriterCheck:
         self.counters = counters
         self.on = flusher.merging.across and config.dead_writer_check_s > 0
         self._watch: asyncio.Task | None = None
+        self._lookups: dict[str, asyncio.Future] = {}  # Ray job -> its job-table look-up
 
     # ------------------------------------------------------------------ records
 
@@ -112,7 +117,13 @@ class DeadWriterCheck:
         rj = caller.ray_job
         if rj in self.dead.vetted or rj in self.dead.fenced:
             return
-        dead = await asyncio.to_thread(dead_ray_job_ids, {rj})
+        lookup = self._lookups.get(rj)
+        if lookup is None:  # one look-up per Ray job, however many calls wait for it
+            lookup = asyncio.get_running_loop().run_in_executor(
+                _JOB_TABLE, dead_ray_job_ids, {rj})
+            self._lookups[rj] = lookup
+            lookup.add_done_callback(lambda _f: self._lookups.pop(rj, None))
+        dead = await asyncio.shield(lookup)
         if dead is None:
             return  # no answer: looked up again on its next call
         if len(self.dead.vetted) >= VETTED_MAX:
@@ -130,7 +141,8 @@ class DeadWriterCheck:
         ids = self.dead.candidates()
         if not ids:
             return 0
-        dead = await asyncio.to_thread(dead_ray_job_ids, ids)
+        dead = await asyncio.get_running_loop().run_in_executor(
+            _JOB_TABLE, dead_ray_job_ids, ids)
         if not dead:
             return 0
         n = 0

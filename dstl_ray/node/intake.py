@@ -115,6 +115,9 @@ class Intake:
             try:
                 if not isinstance(r, PersistRequest):
                     raise DstlError(f"bad persist request {type(r).__name__}")
+                # a node that missed a round's fence (restarted, joined since) refuses a
+                # dead writer's forwarded requests too: nobody would release their sections
+                await self.dead.vet(r.caller)
                 self.jobs.admit(r.job_id, r.caller, r.incarnation)
                 admitted.append(i)
             except DstlError as e:

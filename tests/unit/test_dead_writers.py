@@ -108,9 +108,9 @@ def test_a_nodes_round_fences_and_releases_its_merged_files(tmp_path, monkeypatc
     assert st.released == 1 and "dead" not in st.records and "live" in st.records
 
 
-def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
+def test_an_unreachable_node_puts_the_round_off_until_it_reaches_every_node(tmp_path,
+                                                                           monkeypatch):
     node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
-    monkeypatch.setattr(node_mod, "list_node_actors", lambda ns: ["root", "gone"])
     dead_now: set[str] = set()
     monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: dead_now & set(ids))
 
@@ -119,13 +119,21 @@ def test_an_unreachable_node_puts_the_round_off(tmp_path, monkeypatch):
 
     monkeypatch.setattr(node._peers, "actor", no_actor)
 
-    async def run() -> int:
+    names = ["root", "gone"]
+    monkeypatch.setattr(node_mod, "list_node_actors", lambda ns: list(names))
+
+    async def run() -> tuple[int, int]:
         await node.register_writer("dead", "J", DEAD, -1)
         dead_now.add(DEAD.ray_job)
-        return await node.release_dead_writers()
+        first = await node.release_dead_writers()
+        assert "dead" in node._dead.records and node.counters.dead_writer_rounds_failed == 1
+        names.remove("gone")  # the node left the tree: the next round reaches every node
+        return first, await node.release_dead_writers()
 
-    assert asyncio.run(run()) == 0
-    assert "dead" in node._dead.records and node.counters.dead_writer_rounds_failed == 1
+    # the first round fenced the Ray job here, then failed: it is tried again (before, a
+    # fenced Ray job was no candidate any more, and its sections stayed for good)
+    assert asyncio.run(run()) == (0, 1)
+    assert "dead" not in node._dead.records
 
 
 class _Marking(DirectTransport):
@@ -341,3 +349,41 @@ def test_a_retain_the_flushing_node_may_not_have_taken_fails_the_restore(monkeyp
             t.retain(seg, "w2")
     else:
         t.retain(seg, "w2")
+
+
+def test_a_new_drivers_calls_share_one_job_table_look_up(tmp_path, monkeypatch):
+    """Many requests of a process first seen here (a persist_many) wait for one look-up of
+    its Ray job, not one each."""
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
+    lookups: list[set[str]] = []
+
+    def table(ids):
+        lookups.append(set(ids))
+        time.sleep(0.2)
+        return set()
+
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", table)
+
+    async def run() -> None:
+        await asyncio.gather(*(node.mark("J", f"w{i}", 1, ALIVE) for i in range(20)))
+
+    asyncio.run(run())
+    assert lookups == [{ALIVE.ray_job}]
+
+
+def test_a_fenced_drivers_forwarded_requests_are_refused(tmp_path, monkeypatch):
+    """A parent that missed the round's fence (restarted since) looks the forwarded
+    request's driver up too: its sections would never be released."""
+    from dstl_ray.format import Changeset, encode_section
+    from dstl_ray.messages import PersistRequest
+
+    node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
+    monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: {DEAD.ray_job} & set(ids))
+    sec = encode_section(uuid.uuid4().bytes, [Changeset(1, ((0, b"x"),))])
+    req = PersistRequest("J", sec, "child", caller=DEAD, checkpoint_id=1)
+
+    async def run() -> list:
+        return await node.persist_batch([req], "child", None, None)
+
+    (res,) = asyncio.run(run())
+    assert isinstance(res, FencedError)
