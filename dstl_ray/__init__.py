@@ -30,6 +30,7 @@ from .errors import (
     HandleError,
     InvalidValueError,
     KeyGroupError,
+    MissingDependencyError,
     NamespaceError,
     NodeUnavailableError,
     PersistError,
@@ -39,7 +40,6 @@ from .errors import (
     StorageError,
     WriterClosedError,
 )
-from .faults import FaultSpec, FaultyStorage, InjectedFault, LatencyDistribution
 from .handle import Segment, StateChangelogHandle
 from .hedging import HedgePolicy
 from .keygroups import KeyGroupRange, assign_key_group, key_group_range_for_subtask, stable_hash
@@ -75,22 +75,19 @@ __all__ = [
     "ConfigError",
     "DirectTransport",
     "DstlError",
-    "FaultSpec",
-    "FaultyStorage",
     "FormatError",
     "HandleError",
     "HedgePolicy",
-    "InjectedFault",
     "InvalidValueError",
     "KeyGroupError",
     "KeyGroupRange",
     "KeyedStateSnapshot",
-    "LatencyDistribution",
     "ListState",
     "ListStateDescriptor",
     "MapState",
     "MapStateDescriptor",
     "MaterializedHandle",
+    "MissingDependencyError",
     "NamespaceError",
     "NodeUnavailableError",
     "PendingCheckpoint",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .testing.faults import FaultSpec
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -155,7 +156,7 @@ class ChangelogConfig:
         '{"client_kwargs": {"region_name": "eu-west-1"}}; values of keys naming secrets '
         "(key, secret, token, password, ...) are never shown.")
     fault_spec: str = _opt(
-        "", "Fault and latency injection for tests and experiments (dstl_ray.faults): a "
+        "", "Fault and latency injection for tests and experiments (dstl_ray.testing.faults): a "
         "JSON object; empty: none.")
     membership_interval_s: float = _opt(
         2.0, "How often the root checks Ray's node list: joined nodes get a node actor and "
@@ -206,8 +207,6 @@ class ChangelogConfig:
             raise ConfigError("option namespace must not be empty")
         parse_json_object("storage_options", self.storage_options)
         if self.fault_spec:
-            from .faults import FaultSpec
-
             FaultSpec.parse(self.fault_spec)  # raises ConfigError naming the option
 
     def __repr__(self) -> str:

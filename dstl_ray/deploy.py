@@ -67,20 +67,6 @@ class ChangelogTree:
         self.nodes.clear()
 
 
-def start_local_cluster(nodes: int, cpus: int = 1, namespace: str | None = None) -> Any:
-    """Several Ray nodes on this machine (``ray.cluster_utils.Cluster``), Ray connected to it:
-    for demos, experiments and tests. Shut down with ``ray.shutdown(); cluster.shutdown()``."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus})
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=cpus)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace=namespace, log_to_driver=False)
-    return cluster
-
-
 def deploy(base_path: str, config: ChangelogConfig | None = None, *,
            address: str | None = None, detached: bool = True) -> ChangelogTree:
     """Place one ``ChangelogNode`` per alive Ray node (head at the root) and return the tree.

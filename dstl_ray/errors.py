@@ -106,3 +106,8 @@ class FencedError(DstlError):
 
 class DeadlineError(DstlError, TimeoutError):
     """A request's or checkpoint's deadline passed before it could be completed."""
+
+
+class MissingDependencyError(DstlError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (plots need matplotlib: ``pip install 'dstl-ray[plot]'``)."""

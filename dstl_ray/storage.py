@@ -16,18 +16,18 @@ storage's ``repr`` shows its options redacted.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import fsspec
 
+from .config import ChangelogConfig, parse_json_object, redact_options
 from .errors import StorageError
-
-if TYPE_CHECKING:
-    from .config import ChangelogConfig
+from .testing.faults import FaultyStorage
 
 MiB = 1024 * 1024
 S3_MIN_PART = 5 * MiB
@@ -236,8 +236,6 @@ class FsspecStorage:
             self._fs.retries = 1  # s3fs's own retry loop: off, the Uploader retries
 
     def __repr__(self) -> str:
-        from .config import redact_options
-
         return f"FsspecStorage({self.protocol!r}, {redact_options(self._options)!r})"
 
     def _p(self, path: str) -> str:
@@ -282,11 +280,28 @@ class FsspecStorage:
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         _check_range(path, offset, length)
+        p = self._p(path)
         try:
-            return self._fs.cat_file(self._p(path), start=offset, end=offset + length)
+            if length == 0:
+                # an empty range is "bytes=N-(N-1)", which S3 ignores: it answers the whole
+                # object. Nothing to read, but a missing file is still an error.
+                if not self._fs.exists(p):
+                    raise FileNotFoundError(p)
+                return b""
+            return self._fs.cat_file(p, start=offset, end=offset + length)
         except Exception as e:  # noqa: BLE001
+            if self._starts_past_end(p, offset):
+                return b""  # S3 answers 416 for a range from the end on: the contract says none
             raise StorageError(
                 f"cannot read {path} [{offset}:+{length}]: {type(e).__name__}: {e}") from e
+
+    def _starts_past_end(self, p: str, offset: int) -> bool:
+        """``offset`` is at or past the end of the existing file ``p`` (asked only after a
+        read failed, so a whole read costs no extra request)."""
+        try:
+            return offset >= int(self._fs.size(p))
+        except Exception:  # noqa: BLE001 - missing or unreachable: the read's error stands
+            return False
 
     def delete(self, path: str) -> None:
         try:
@@ -322,10 +337,6 @@ def _env(*names: str) -> str:
 def s3_options(config: ChangelogConfig | None = None) -> dict[str, Any]:
     """s3fs options: config first, then the standard AWS variables; the client's retries
     are off (the Uploader owns the retry policy). Contains credentials: never log it."""
-    import json
-
-    from .config import parse_json_object
-
     endpoint = (config.s3_endpoint_url if config else "") or _env(
         "DSTL_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
     key = (config.s3_access_key_id if config else "") or _env("AWS_ACCESS_KEY_ID")
@@ -356,8 +367,6 @@ def get_storage(url: str, options: Mapping[str, Any] | None = None,
                 multipart_threshold: int | None = None) -> Storage:
     """The (cached) storage for ``url``'s protocol. ``s3://`` without ``options`` takes them
     from the environment (:func:`s3_options`)."""
-    import json
-
     proto, _ = split_protocol(url)
     if options is None and proto in ("s3", "s3a"):
         options = s3_options()
@@ -380,8 +389,6 @@ def storage_for(url: str, config: ChangelogConfig) -> Storage:
     """The storage a node (or direct transport) writes ``url`` with under ``config``:
     S3 options from the config, wrapped in fault injection when ``fault_spec`` is set (a
     fresh wrapper per call, so each uploader has its own fault script)."""
-    from .config import parse_json_object
-
     proto, _ = split_protocol(url)
     if proto in ("s3", "s3a"):
         st = get_storage(url, s3_options(config), config.s3_multipart_threshold)
@@ -389,7 +396,5 @@ def storage_for(url: str, config: ChangelogConfig) -> Storage:
         st = get_storage(url, parse_json_object("storage_options", config.storage_options)
                          or None)
     if config.fault_spec:
-        from .faults import FaultyStorage
-
         st = FaultyStorage(st, config.fault_spec)
     return st

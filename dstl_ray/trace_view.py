@@ -14,6 +14,8 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from .plotting import pyplot
+
 
 def load_spans(directory: str) -> list[dict[str, Any]]:
     out = []
@@ -61,11 +63,7 @@ def hops(spans: list[dict[str, Any]], put: dict[str, Any]) -> dict[tuple[str, st
 def draw(spans: list[dict[str, Any]], index: int, out_png: str) -> dict[str, Any]:
     """Draw flush number ``index`` (negative counts from the end) as a PNG; returns a
     summary of the picture."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("dstl-ray trace (drawing the path)")
     puts = flushes(spans)
     if not puts:
         raise ValueError("no dstl.dfs.put spans found (was tracing on?)")

@@ -678,8 +678,8 @@ def run(args: Any, kinds: list[str], faults: int) -> None:
     import ray
 
     from dstl_ray import ChangelogConfig
-    from dstl_ray.deploy import start_local_cluster
-    from dstl_ray.s3server import LoopbackS3
+    from dstl_ray.testing import start_local_cluster
+    from dstl_ray.testing.s3server import LoopbackS3
 
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-"))

@@ -78,7 +78,7 @@ def main() -> None:
     cps = 10 if args.quick else 40
     import ray
 
-    from dstl_ray.deploy import start_local_cluster
+    from dstl_ray.testing import start_local_cluster
 
     cluster = start_local_cluster(nodes, 1)
     from topology.placement import alive_nodes, node_order

@@ -3,7 +3,7 @@
     python -m experiments.hedging [--quick] [--requests N] [--scale S] [--nodes N]
 
 Part 1, requests: uploads through dstl-ray's Uploader (retry policy + hedging) to moto's S3
-server on 127.0.0.1, with latency injected client-side (dstl_ray.faults) from the FLIP-158
+server on 127.0.0.1, with latency injected client-side (dstl_ray.testing.faults) from the FLIP-158
 distribution (p50 459, p90 740, p95 833, p99 1039, p999 3202 ms), scaled by ``--scale`` to keep
 the run short; latencies are reported scaled back to FLIP-158's milliseconds (the server's own
 time per put, measured without injection, is in the JSON). The server runs in a child process. Each policy runs
@@ -25,9 +25,9 @@ import time
 from typing import Any
 
 from dstl_ray import ChangelogConfig, Uploader
-from dstl_ray.faults import FLIP158_QUANTILES_MS
-from dstl_ray.s3server import LoopbackS3
 from dstl_ray.storage import storage_for
+from dstl_ray.testing.faults import FLIP158_QUANTILES_MS
+from dstl_ray.testing.s3server import LoopbackS3
 
 from .common import parser, percentile, plt, write_results
 
@@ -113,7 +113,7 @@ def run_checkpoints(s3: LoopbackS3, nodes: int, checkpoints: int, scale: float,
 
     import dstl_ray
     from dstl_ray import KeyGroupRange, StateChangelogClient
-    from dstl_ray.deploy import start_local_cluster
+    from dstl_ray.testing import start_local_cluster
 
     cluster = start_local_cluster(nodes, 1, "hedging-exp")
     for k, v in s3.env().items():  # this process reads nothing back, but stays consistent

@@ -105,9 +105,9 @@ def main() -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.node import current_rss_kb
     from dstl_ray.snapshot import KeyedStateSnapshot
+    from dstl_ray.testing import start_local_cluster
 
     base = tempfile.mkdtemp(prefix="dstl-soak-")
     cluster = start_local_cluster(3, namespace=NS)

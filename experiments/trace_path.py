@@ -22,7 +22,7 @@ def main() -> None:
     import ray
 
     from dstl_ray import ChangelogConfig, deploy
-    from dstl_ray.deploy import start_local_cluster
+    from dstl_ray.testing import start_local_cluster
     from dstl_ray.trace_view import draw, load_spans
     from experiments.workload import place_writers
 

@@ -88,8 +88,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[s
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.deploy import start_local_cluster
     from dstl_ray.snapshot import KeyedStateSnapshot
+    from dstl_ray.testing import start_local_cluster
 
     from .vs_spark_state_store import FileWatcher
 

@@ -203,7 +203,7 @@ def main() -> None:
     import ray
     from pyspark import cloudpickle
 
-    from dstl_ray.deploy import start_local_cluster
+    from dstl_ray.testing import start_local_cluster
     from spark_glue import start_spark, stop_spark
     from spark_glue.pipeline import write_event_file
 

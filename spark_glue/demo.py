@@ -23,6 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from dstl_ray.plotting import pyplot
+
 from .pipeline import SCHEMA, count_and_sum, diff, recompute, write_event_file
 
 NS = "dstl_demo"
@@ -36,11 +38,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("dstl-ray demo (the latency plot)")
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot([s.finished_at - t0 for s in history], [s.checkpoint_s * 1000 for s in history],
             "o-", ms=3, label="checkpoint (persist + metadata)")
@@ -62,11 +60,12 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
     import ray
 
     from dstl_ray import ChangelogConfig, deploy
-    from dstl_ray.deploy import start_local_cluster
+    from dstl_ray.testing import start_local_cluster
 
     from .operator import KeyedStatefulOperator
     from .session import kill_executor, start_spark, stop_spark
 
+    pyplot("dstl-ray demo (the latency plot)")  # before minutes of work, not after
     base = Path(os.path.abspath(args.base_path or "demo-data"))
     shutil.rmtree(base, ignore_errors=True)
     src, out_dir = base / "input", base / "output"

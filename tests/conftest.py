@@ -1,31 +1,40 @@
 """Shared fixtures: ONE Ray cluster per test session (several Ray nodes on this machine via
 ``ray.cluster_utils.Cluster``), shared by integration and cluster tests; start-up is the slow
-part. Every test deploys its own tree in its own namespace, so tests do not see each other."""
+part. Every test deploys its own tree in its own namespace, so tests do not see each other.
+
+Tests under ``tests/cluster`` and ``tests/spark`` get the ``cluster`` and ``spark`` markers
+from their directory, so ``pytest -m "not spark"`` leaves the Spark tests out."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
+from dstl_ray.testing import local_cluster
+
 N_NODES = int(os.environ.get("DSTL_TEST_NODES", "5"))
+TESTS = Path(__file__).resolve().parent
+MARKED_DIRS = {"cluster": TESTS / "cluster", "spark": TESTS / "spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by the directory it lives in (the markers are declared in
+    pyproject.toml)."""
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        for marker, directory in MARKED_DIRS.items():
+            if path.is_relative_to(directory):
+                item.add_marker(getattr(pytest.mark, marker))
 
 
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A Ray cluster of N_NODES nodes (head + workers), each with 1 logical CPU."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(N_NODES - 1):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, namespace="dstl_tests", log_to_driver=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    with local_cluster(N_NODES, cpus=1, namespace="dstl_tests") as cluster:
+        yield cluster
 
 
 @pytest.fixture

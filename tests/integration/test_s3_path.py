@@ -10,8 +10,8 @@ import time
 import pytest
 
 from dstl_ray import ChangelogConfig, KeyGroupRange, PersistError, StateChangelogClient
-from dstl_ray.s3server import TEST_SECRET, LoopbackS3
 from dstl_ray.storage import storage_for
+from dstl_ray.testing.s3server import TEST_SECRET, LoopbackS3
 
 
 @pytest.fixture(scope="module")

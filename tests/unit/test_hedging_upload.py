@@ -9,18 +9,14 @@ import uuid
 
 import pytest
 
-from dstl_ray import (
-    ChangelogConfig,
-    ConfigError,
+from dstl_ray import ChangelogConfig, ConfigError, HedgePolicy, StorageError, Uploader
+from dstl_ray.storage import get_storage, s3_options, storage_for
+from dstl_ray.testing.faults import (
+    FLIP158_QUANTILES_MS,
     FaultSpec,
     FaultyStorage,
-    HedgePolicy,
     LatencyDistribution,
-    StorageError,
-    Uploader,
 )
-from dstl_ray.faults import FLIP158_QUANTILES_MS
-from dstl_ray.storage import get_storage, s3_options, storage_for
 from dstl_ray.upload import attempt_path
 
 

@@ -1,4 +1,4 @@
-"""Fault and latency injection for tests and experiments.
+"""Fault and latency injection for tests and experiments (``dstl_ray.testing.faults``).
 
 :class:`FaultyStorage` wraps any :class:`~dstl_ray.storage.Storage` (typically s3fs in front of
 a real S3 server on loopback) and, on each ``write_file`` whose path contains ``match``, first
@@ -35,10 +35,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, DstlError
-from .storage import Storage
+from ..errors import ConfigError, DstlError
+
+if TYPE_CHECKING:  # typing only: storage wraps with this module, never the reverse at runtime
+    from ..storage import Storage
 
 # (quantile, latency ms): FLIP-158 "DFS write latency" plus the two ends we chose
 FLIP158_QUANTILES_MS: tuple[tuple[float, float], ...] = (
