@@ -17,6 +17,7 @@ torn or corrupt file raises :class:`~dstl_ray.errors.FormatError` naming file an
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -41,6 +42,37 @@ SECTION_HEADER_SIZE = _SEC.size + 4
 
 StatesSpec = tuple[tuple[str, str], ...]  # index = state id of the writing backend: (name, kind)
 TablesSnapshot = list[dict[int, dict[bytes, Any]]]  # [state id][key group][key] -> value
+
+
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_KINDS = frozenset(k.value for k in StateKind)
+
+
+def parse_job(job: object) -> str | None:
+    if job is None:
+        return None
+    if not isinstance(job, str) or not _JOB.match(job):
+        raise HandleError(f"bad job directory name {show(job)}")
+    return job
+
+
+def parse_states(value: object) -> StatesSpec:
+    """A component's states, ``[[name, kind], ...]`` (the index is the writer's state id): at
+    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once."""
+    if not isinstance(value, list) or len(value) > 65535:
+        raise HandleError(f"states must be a list of at most 65535, got {show(value)}")
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for s in value:
+        if (not isinstance(s, list) or len(s) != 2 or not isinstance(s[0], str)
+                or not 0 < len(s[0]) <= 200 or not isinstance(s[1], str)
+                or s[1] not in _KINDS):
+            raise HandleError(f"bad state spec {show(s)}")
+        if s[0] in seen:
+            raise HandleError(f"state {show(s[0])} is listed twice")
+        seen.add(s[0])
+        out.append((s[0], s[1]))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -79,8 +111,6 @@ class MaterializedHandle:
         """Parse and validate a handle read from checkpoint metadata: a plain relative
         ``.dstm`` path, and every section (int key group in range, offset and length) inside
         ``size``, so no read can be steered outside the file or sized by a forged field."""
-        from .snapshot import parse_job, parse_states
-
         try:
             path = check_relative_path(d["path"])
             kgr = KeyGroupRange.from_json(d["key_groups"])

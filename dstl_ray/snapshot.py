@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,42 +24,19 @@ from typing import Any
 from .errors import HandleError
 from .handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
 from .keygroups import KeyGroupRange
-from .materialization import SHARED_DIR, MaterializedHandle, StatesSpec, read_sections
-from .state import StateKind
+from .materialization import (
+    SHARED_DIR,
+    MaterializedHandle,
+    StatesSpec,
+    parse_job,
+    parse_states,
+    read_sections,
+)
 from .storage import Storage, get_storage, join, normalize_url
 
 METADATA_VERSION = 1
 METADATA_FILE = "_metadata"
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_KINDS = frozenset(k.value for k in StateKind)
 MAX_CHECKPOINT_ID = (1 << 63) - 1  # a Flink long
-
-
-def parse_job(job: object) -> str | None:
-    if job is None:
-        return None
-    if not isinstance(job, str) or not _JOB.match(job):
-        raise HandleError(f"bad job directory name {show(job)}")
-    return job
-
-
-def parse_states(value: object) -> StatesSpec:
-    """A component's states, ``[[name, kind], ...]`` (the index is the writer's state id): at
-    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once."""
-    if not isinstance(value, list) or len(value) > 65535:
-        raise HandleError(f"states must be a list of at most 65535, got {show(value)}")
-    out: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for s in value:
-        if (not isinstance(s, list) or len(s) != 2 or not isinstance(s[0], str)
-                or not 0 < len(s[0]) <= 200 or not isinstance(s[1], str)
-                or s[1] not in _KINDS):
-            raise HandleError(f"bad state spec {show(s)}")
-        if s[0] in seen:
-            raise HandleError(f"state {show(s[0])} is listed twice")
-        seen.add(s[0])
-        out.append((s[0], s[1]))
-    return tuple(out)
 
 
 def file_name(url: str) -> str:
