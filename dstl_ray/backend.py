@@ -11,44 +11,33 @@ Thread model: state access from one thread (the task); upload completions arrive
 threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used"). No file
 delete runs under the lock: what the lock's holders free goes to the background deleter
 (:mod:`dstl_ray.deleter`), and ``close`` waits for it.
+
+Parts kept elsewhere: restoring from snapshots (:mod:`dstl_ray.backend_restore`), the files
+the snapshots name with their registry pins and merged segments
+(:mod:`dstl_ray.backend_files`), and whole-table copies and dumps
+(:mod:`dstl_ray.backend_tables`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from .backend_files import SnapshotFiles, write_full
+from .backend_restore import RestoreSource, restore_state  # RestoreSource: also from here
+from .backend_tables import copy_tables, dump_tables
 from .deleter import background_deleter
-from .errors import (
-    CheckpointError,
-    DstlError,
-    FormatError,
-    HandleError,
-    KeyGroupError,
-    RestoreError,
-    StateError,
-    StorageError,
-)
+from .errors import CheckpointError, DstlError, KeyGroupError, StateError
 from .keygroups import KeyGroupRange, assign_key_group
-from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file
+from .materialization import MAT_SUFFIX, MaterializedHandle, StatesSpec
 from .merging import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from .registry import SharedStateRegistry
-from .snapshot import (
-    ChangelogComponent,
-    Component,
-    KeyedStateSnapshot,
-    component_changes,
-    component_files,
-    file_name,
-    restricted,
-)
+from .snapshot import ChangelogComponent, KeyedStateSnapshot
 from .state import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -58,25 +47,13 @@ from .state import (
     StateKind,
     TaggedSerializer,
     ValueStateDescriptor,
-    apply_records,
     encode,
     join_items,
 )
-from .storage import get_storage, join
+from .storage import get_storage
 
 log = logging.getLogger(__name__)
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dstl-mat")
-
-
-@dataclass(frozen=True)
-class RestoreSource:
-    """A snapshot to restore from, with where its files live and its name for errors."""
-
-    snapshot: KeyedStateSnapshot
-    base_path: str
-    own_dir: str
-    checkpoint: str  # e.g. the metadata URL
-    checkpoint_id: int = -1  # its id (-1: unknown), for taking merged files over
 
 
 class _State:
@@ -226,31 +203,31 @@ class ChangelogKeyedStateBackend:
         self._merging = (SubtaskFileManager(self._storage, self.job_path, operator_id,
                                             key_group_range, merging)
                          if merging.enabled else None)
-        self._compacting = False
         self._lock = threading.RLock()
         self._names: dict[str, int] = {}
         self._kinds: list[StateKind] = []
         self._tables: list[dict[int, dict[bytes, Any]]] = []
-        self._base: tuple[Component, ...] = ()  # materialized state or restored components
-        self._base_files: dict[str, str] = {}
-        self._materialized_sqn = 0
+        self._closed = False
+        self._files = SnapshotFiles(self._storage, self.job_path, self.job_id, operator_id,
+                                    key_group_range, self._merging, lock=self._lock,
+                                    pool=self._pool, deleter=self._deleter,
+                                    is_closed=lambda: self._closed)
         self._mat_future: concurrent.futures.Future | None = None
         self._last_mat_start = clock()
-        self._segment_files: dict[str, tuple[str, int]] = {}  # name -> (url, max sqn)
-        self._registry: SharedStateRegistry | None = None
-        self._owner = uuid.uuid4().hex
-        self._closed = False
         self.materializations = 0
         self.materialization_failures = 0
-        foreign = self._restore(restore)
+        # FLIP-158 "Recovery and rescaling" (FLIP-306 4.5 for merged files)
+        restored = restore_state(restore, key_group_range, self.job_id, self._register_state,
+                                 self._tables, self._kinds, self._merging)
+        self._files.restored(restored.components, restored.files)
         self._writer = client.create_writer(operator_id, key_group_range)
         self._writer.incarnation = incarnation
         # restored changelog in nodes' merged files: our snapshots name it until our first
         # materialization, so its nodes must keep it for us too (FLIP-306 take-over)
         self._restored_named = -1  # newest checkpoint whose snapshot named it
-        self._writer.adopt([seg for c in self._base if isinstance(c, ChangelogComponent)
+        self._writer.adopt([seg for c in self._files.base if isinstance(c, ChangelogComponent)
                             for seg in c.handle.segments])
-        if foreign:
+        if restored.foreign:
             # FLIP-306 4.2: after a rescale our state sits in other subtasks' files; write
             # our own copy at once (the old directories then go by reference count)
             self.materialize(force=True)
@@ -300,87 +277,26 @@ class ChangelogKeyedStateBackend:
 
     @property
     def materialized_sqn(self) -> int:
-        return self._materialized_sqn
+        return self._files.materialized_sqn
 
-    # ------------------------------------------------------------------ restore
+    @property
+    def _base_files(self) -> dict[str, str]:
+        """File name -> URL of the files of the materialized (or restored) base."""
+        return self._files.base_files
 
-    def _restore(self, sources: Sequence[RestoreSource]) -> bool:
-        """FLIP-158 "Recovery and rescaling": materialized state first, then the changelog,
-        each filtered to this backend's key groups (the handle filters by sqn). With file
-        merging, segments of our own directory are taken over (FLIP-306 4.5); returns True
-        if materialized state came from elsewhere (a rescale: we should write our copy)."""
-        base: list[Component] = []
-        foreign = False
-        for src in sources:
-            # a restored component may cover more key groups than the snapshot holding it
-            # (a backend restored after rescaling): only the snapshot's own range counts
-            want = src.snapshot.key_group_range.intersect(self.key_group_range)
-            if want is None:
-                continue
-            for comp in src.snapshot.components:
-                mine = comp.key_group_range.intersect(want)
-                if mine is None:
-                    continue
-                files = component_files(comp, src.base_path, src.own_dir)
-                try:
-                    sid_map = [self._register_state(n, StateKind(k)) for n, k in comp.states]
-                    # each file through its own URL's storage: the checkpoint may live on
-                    # another file system than this job (a savepoint restored elsewhere)
-                    for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
-                        apply_records(recs, self._tables, self._kinds, kg, sid_map)
-                except (FormatError, StorageError, HandleError, StateError) as e:
-                    path = getattr(e, "path", None) or next(
-                        (u for u in files.values() if u in str(e)), ", ".join(files.values()))
-                    raise RestoreError(f"cannot restore checkpoint {src.checkpoint}: file "
-                                       f"{path}: {e}", checkpoint=src.checkpoint,
-                                       path=path) from e
-                base.append(restricted(comp, mine))
-                self._base_files.update(files)
-                if self._merging is not None and isinstance(comp, MaterializedHandle):
-                    if comp.job == self.job_id and self._merging.owns(comp.path):
-                        self._merging.adopt(comp.path, comp.offset, comp.size,
-                                            src.checkpoint_id)
-                    else:
-                        foreign = True
-        self._base = tuple(base)
-        return foreign
+    @property
+    def _segment_files(self) -> dict[str, tuple[str, int]]:
+        """Changelog files our snapshots may still name: name -> (url, max sqn)."""
+        return self._files.segment_files
 
     def set_incarnation(self, incarnation: str) -> None:
         """The run of the job this backend writes for (:mod:`dstl_ray.lease`): its requests
         carry it, so node actors keep the job's state per incarnation."""
         self._writer.incarnation = incarnation
 
-    # ------------------------------------------------------------------ registry pins
-
     def attach_registry(self, registry: SharedStateRegistry) -> None:
         """Let ``registry`` know which files this backend may still put in a snapshot."""
-        with self._lock:
-            self._registry = registry
-            self._repin()
-
-    def _repin(self) -> None:
-        # changelog files wholly before the materialized sqn can never be named again: drop
-        # them, with or without a registry (a backend in a Spark task or another process
-        # has none, and a long run would otherwise track every file it ever wrote)
-        self._segment_files = {n: v for n, v in self._segment_files.items()
-                               if v[1] > self._materialized_sqn}
-        if self._registry is None:
-            return
-        pins = dict(self._base_files)
-        for name, (url, _max_sqn) in self._segment_files.items():
-            pins[name] = url
-        self._registry.set_pins(self._owner, pins)
-
-    def _track(self, handle: Any) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            for seg in handle.segments:
-                url = join(handle.job_path, seg.path)
-                name = file_name(url)
-                old = self._segment_files.get(name)
-                self._segment_files[name] = (url, max(seg.sqn_max, old[1] if old else 0))
-            self._repin()
+        self._files.attach_registry(registry)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -393,11 +309,9 @@ class ChangelogKeyedStateBackend:
         with self._lock:
             if self._closed:
                 raise CheckpointError(f"backend of {self.operator_id} is closed")
-            base, states, after = self._base, self._states_spec(), self._materialized_sqn
-            if self._merging is not None:
-                for c in base:
-                    if isinstance(c, MaterializedHandle) and self._merging.owns(c.path):
-                        self._merging.used(c.path, c.offset, checkpoint_id)
+            base, states = self._files.base, self._states_spec()
+            after = self._files.materialized_sqn
+            self._files.mark_used(checkpoint_id)
             if any(isinstance(c, ChangelogComponent) for c in base):
                 self._restored_named = max(self._restored_named, checkpoint_id
                                            if checkpoint_id >= 0 else UNKNOWN_USE)
@@ -411,7 +325,7 @@ class ChangelogKeyedStateBackend:
                     out.set_exception(f.exception())
                     return
                 h = f.result()
-                self._track(h)
+                self._files.track(h)
                 comps = (base if h.is_empty()
                          else base + (ChangelogComponent(self.job_id, states, h),))
                 out.set_result(KeyedStateSnapshot(self.operator_id, self.key_group_range,
@@ -424,36 +338,16 @@ class ChangelogKeyedStateBackend:
         pf.add_done_callback(done)
         return out
 
-    def _copy_tables(self) -> list[dict[int, dict[bytes, Any]]]:
-        out = []
-        for sid, per_kg in enumerate(self._tables):
-            kind = self._kinds[sid]
-            if kind is StateKind.VALUE:
-                out.append({kg: d.copy() for kg, d in per_kg.items() if d})
-            elif kind is StateKind.LIST:
-                out.append({kg: {k: list(v) for k, v in d.items()} for kg, d in per_kg.items()
-                            if d})
-            else:
-                out.append({kg: {k: dict(v) for k, v in d.items()} for kg, d in per_kg.items()
-                            if d})
-        return out
-
-    def _write_full(self, tables: list, states: StatesSpec, root: str, rel: str, job: str | None,
-                    sqn: int) -> MaterializedHandle:
-        data, sections = encode_file(tables, states, self.key_group_range)
-        self._storage.write_file(join(root, rel), data)
-        return MaterializedHandle(job, rel, self.key_group_range, states, sections, len(data),
-                                  sqn)
-
     def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
         """A full, self-contained snapshot written under ``target_dir`` (FLINK-5053); it does
         not occupy the materialization slot."""
         with self._lock:
-            tables, states = self._copy_tables(), self._states_spec()
+            tables, states = copy_tables(self._tables, self._kinds), self._states_spec()
         rel = f"{uuid.uuid4().hex}{MAT_SUFFIX}"
 
         def run() -> KeyedStateSnapshot:
-            h = self._write_full(tables, states, target_dir, rel, None, 0)
+            h = write_full(self._storage, tables, states, self.key_group_range, target_dir,
+                           rel, None, 0)
             return KeyedStateSnapshot(self.operator_id, self.key_group_range, (h,))
 
         return self._pool.submit(run)
@@ -479,19 +373,14 @@ class ChangelogKeyedStateBackend:
                 return None
             self._last_mat_start = self._clock()
             sqn = self._writer.last_appended_sqn()  # step 1
-            if sqn == self._materialized_sqn and not force and (
-                    not self._base or isinstance(self._base[0], MaterializedHandle)
-                    and len(self._base) == 1):
+            base = self._files.base
+            if sqn == self._files.materialized_sqn and not force and (
+                    not base or isinstance(base[0], MaterializedHandle) and len(base) == 1):
                 return None
-            tables, states = self._copy_tables(), self._states_spec()  # step 2
+            tables, states = copy_tables(self._tables, self._kinds), self._states_spec()  # step 2
             result: concurrent.futures.Future = concurrent.futures.Future()
             self._mat_future = result  # done only after step 4
-            if self._merging is not None:  # step 3: a segment of our physical file
-                fut = self._pool.submit(self._write_segment, tables, states, sqn)
-            else:
-                rel = f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}"
-                fut = self._pool.submit(self._write_full, tables, states, self.job_path, rel,
-                                        self.job_id, sqn)  # step 3
+            fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3
 
         def done(f: concurrent.futures.Future) -> None:  # step 4
             try:
@@ -503,13 +392,6 @@ class ChangelogKeyedStateBackend:
 
         fut.add_done_callback(done)
         return result
-
-    def _write_segment(self, tables: list, states: StatesSpec, sqn: int) -> MaterializedHandle:
-        assert self._merging is not None
-        data, sections = encode_file(tables, states, self.key_group_range)
-        rel, offset = self._merging.write(data)
-        return MaterializedHandle(self.job_id, rel, self.key_group_range, states, sections,
-                                  len(data), sqn, offset)
 
     def _materialized(self, f: concurrent.futures.Future, sqn: int) -> None:
         self._materialized_locked(f, sqn)
@@ -525,26 +407,13 @@ class ChangelogKeyedStateBackend:
                 log.warning("materialization of %s failed: %s", self.operator_id, err)
                 raise err
             h: MaterializedHandle = f.result()
-            url = join(self.job_path, h.path)
             if self._closed:  # never part of any checkpoint
-                if self._merging is not None:
-                    self._merging.discard(h.path, h.offset)
-                else:  # not under our lock: a slow delete would hold up state access
-                    self._deleter.delete(self._storage, url)
+                self._files.discard(h)
                 raise CheckpointError("backend closed during materialization")
-            self._set_state_file(h)
-            self._materialized_sqn = max(self._materialized_sqn, sqn)
+            self._files.materialized(h, sqn)
             self._writer.truncate(before=sqn)
             self.materializations += 1
-            self._repin()
-
-    def _set_state_file(self, h: MaterializedHandle) -> None:
-        """The materialized state is now ``h`` alone (caller holds the lock)."""
-        url = join(self.job_path, h.path)
-        self._base = (h,)
-        self._base_files = {file_name(url): url}
-        if self._merging is not None:
-            self._merging.set_base(h.path, h.offset)
+            self._files.repin()
 
     def _materialization_timer(self) -> None:
         assert self.materialization_interval is not None
@@ -566,92 +435,30 @@ class ChangelogKeyedStateBackend:
     def owned_dir(self) -> str | None:
         """This subtask's directory of merged files, relative to the job directory (FLIP-306
         "DirectoryStateHandle"); None without file merging."""
-        return self._merging.dir if self._merging is not None else None
+        return self._files.owned_dir
 
     def take_over(self, checkpoints: Sequence[Any]) -> None:
         """Adopt the segments of our directory that other retained checkpoints (of
         :class:`~dstl_ray.recovery.CompletedCheckpoint`) name, so their files are freed
         once those are subsumed."""
-        if self._merging is None:
-            return
-        for cc in checkpoints:
-            for snap in cc.metadata.snapshots:
-                if snap.owned_dir != self._merging.dir:
-                    continue
-                for c in snap.components:
-                    if (isinstance(c, MaterializedHandle) and c.job == self.job_id
-                            and self._merging.owns(c.path)):
-                        self._merging.adopt(c.path, c.offset, c.size, cc.checkpoint_id,
-                                            base=False)
+        self._files.take_over(checkpoints)
 
     def notify_checkpoint_subsumed(self, watermark: int) -> None:
         """Every checkpoint up to ``watermark`` is subsumed or declined (FLIP-306 4.4: a
         watermark, so a lost notification is made good by the next). Frees dead segment
         files and starts a compaction when space amplification calls for one (4.7)."""
         self._writer.subsumed(watermark)  # nodes merging changelog files learn it too
-        if self._merging is None:
-            return
-        self._merging.subsumed(watermark)
-        cand = self._merging.compaction_candidate()
-        with self._lock:
-            # while state changes, the next materialization rewrites it anyway (and frees
-            # the old file): compact only state that stays put
-            quiet = (self._writer.last_appended_sqn() == self._materialized_sqn
-                     and len(self._base) == 1)
-            if cand is None or not quiet or self._compacting or self._closed:
-                return
-            self._compacting = True
-        self._pool.submit(self._compact, *cand)
-
-    def _compact(self, rel: str, offset: int, length: int) -> None:
-        """Rewrite the current state's segment into a fresh file; the next snapshot names
-        the copy, the old file goes once the checkpoints using it are subsumed."""
-        assert self._merging is not None
-        try:
-            data = self._storage.read_range(join(self.job_path, rel), offset, length)
-            if len(data) != length:
-                raise FormatError(f"segment has {len(data)} of {length} bytes",
-                                  path=join(self.job_path, rel), offset=offset)
-            new_rel, new_off = self._merging.write(data)
-            with self._lock:
-                h = self._base[0] if len(self._base) == 1 else None
-                if (self._closed or not isinstance(h, MaterializedHandle)
-                        or (h.path, h.offset) != (rel, offset)):
-                    self._merging.discard(new_rel, new_off)  # the state moved on meanwhile
-                    return
-                self._set_state_file(dataclasses.replace(h, path=new_rel, offset=new_off))
-                self._merging.compacted(length)
-                self._repin()
-        except DstlError as e:
-            log.warning("compaction of %s in %s failed: %s", rel, self.operator_id, e)
-        finally:
-            with self._lock:
-                self._compacting = False
+        self._files.subsumed(watermark, self._writer.last_appended_sqn)
 
     def file_merging_stats(self) -> dict[str, Any]:
-        if self._merging is None:
-            return {}
-        return {**dataclasses.asdict(self._merging.stats), **self._merging.space()}
+        return self._files.stats()
 
     # ------------------------------------------------------------------ introspection
 
     def dump(self) -> dict[str, dict[Any, Any]]:
         """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""
-        de = self._ser.deserialize
-        out: dict[str, dict[Any, Any]] = {}
         with self._lock:
-            for name, sid in self._names.items():
-                kind, d = self._kinds[sid], {}
-                for per_key in self._tables[sid].values():
-                    for k, v in per_key.items():
-                        if kind is StateKind.VALUE:
-                            d[de(k)] = de(v)
-                        elif kind is StateKind.LIST:
-                            d[de(k)] = [de(x) for x in v]
-                        else:
-                            d[de(k)] = {de(uk): de(x) for uk, x in v.items()}
-                out[name] = d
-        return out
+            return dump_tables(self._names, self._kinds, self._tables, self._ser.deserialize)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -672,10 +479,7 @@ class ChangelogKeyedStateBackend:
             self._writer.close()
         except DstlError as e:
             log.warning("closing writer of %s: %s", self.operator_id, e)
-        if self._registry is not None:
-            self._registry.unpin_all(self._owner)
-        if self._merging is not None:
-            self._merging.close()
+        self._files.close()  # unpins (the registry deletes what is unused), closes merging
         # what closing freed (unused uploads, unpinned and unused files) is gone on return
         if not self._deleter.flush(timeout=60):
             log.warning("closing %s: deletes still pending after 60 s; orphan cleanup after "

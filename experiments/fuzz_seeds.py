@@ -206,7 +206,7 @@ class Tables:
 
 def restore_reads(cc: Any, storage: Any, parallelism: int) -> list[Tables]:
     """The reading half of restoring ``cc`` (a CompletedCheckpoint) at ``parallelism``, as
-    ``ChangelogKeyedStateBackend._restore`` does it: per subtask, every overlapping
+    ``dstl_ray.backend_restore.restore_state`` does it: per subtask, every overlapping
     component's records applied to that subtask's tables, then every key and value
     deserialized. Raises only what the readers raise."""
     base, own_dir = split_metadata_url(cc.metadata_url)
