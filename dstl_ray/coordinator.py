@@ -13,6 +13,11 @@ checkpoint waits on its own, so a hung one never holds up later ones. Completed 
 still form a rising sequence: when checkpoint n completes, every pending checkpoint older
 than n is declined as subsumed (it could only complete into the past), and an older one that
 is ready after a newer one completed is declined, never written.
+
+The class keeps the job's lists (backends, pending and retained checkpoints) and delegates
+whole concerns: how a pending checkpoint waits (:func:`await_snapshots`), which checkpoint a
+restore uses and what it keeps (:func:`plan_restore`), savepoints (:func:`start_savepoint`)
+and the directory claims of FLIP-306 (:func:`claim_checkpoint_dirs` and its siblings).
 """
 
 from __future__ import annotations
@@ -20,30 +25,50 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import logging
-import math
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 from .backend import ChangelogKeyedStateBackend
-from .errors import CheckpointDeclinedError, ConfigError, DstlError, RestoreError
-from .lease import Incarnation, JobLease
-from .recovery import (
-    CompletedCheckpoint,
-    cleanup_orphans,
-    list_checkpoints,
-    load_checkpoint,
-    restore_backends,
+from .coordinator_claims import (
+    claim_backend_dir,
+    claim_checkpoint_dirs,
+    claim_node_dirs,
+    release_backend_dir,
 )
+from .coordinator_pending import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    PendingCheckpoint,
+    abort_older,
+    await_snapshots,
+    checkpoint_timeout,
+    snapshot_names,
+    start_snapshots,
+)
+from .coordinator_restore import (
+    RestoreMode,
+    load_retained,
+    materialize_now,
+    plan_restore,
+    settle_files,
+)
+from .coordinator_savepoint import start_savepoint
+from .errors import CheckpointDeclinedError, DstlError
+from .lease import Incarnation, JobLease
+from .recovery import CompletedCheckpoint, restore_backends
 from .registry import SharedStateRegistry
-from .segment_files import SEGMENTS_DIR, UNMANAGED_DIR
 from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 from .storage import get_storage, join, normalize_url
 
-log = logging.getLogger(__name__)
+__all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
+    "DEFAULT_CHECKPOINT_TIMEOUT_S",
+    "CheckpointCoordinator",
+    "CheckpointRetention",
+    "PendingCheckpoint",
+    "RestoreMode",
+]
 
-DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0  # Flink's execution.checkpointing.timeout: 10 min
+log = logging.getLogger(__name__)
 
 
 class CheckpointRetention(enum.StrEnum):
@@ -51,38 +76,6 @@ class CheckpointRetention(enum.StrEnum):
 
     RETAIN_ON_CANCELLATION = "retain_on_cancellation"
     DELETE_ON_CANCELLATION = "delete_on_cancellation"
-
-
-class RestoreMode(enum.StrEnum):
-    """CLAIM: the new job owns the restored checkpoint's files (deletes them once subsumed).
-    NO_CLAIM: it never deletes them and materializes first, so no checkpoint depends on them."""
-
-    CLAIM = "claim"
-    NO_CLAIM = "no_claim"
-
-
-class PendingCheckpoint:
-    """A triggered checkpoint; ``result()`` gives the :class:`CompletedCheckpoint` or raises
-    :class:`CheckpointDeclinedError`."""
-
-    def __init__(self, checkpoint_id: int, future: concurrent.futures.Future,
-                 abort: concurrent.futures.Future | None = None,
-                 snapshots: list[concurrent.futures.Future] | None = None) -> None:
-        self.checkpoint_id = checkpoint_id
-        self.future = future
-        # set (to the reason) to decline it before its snapshots are in
-        self.abort: concurrent.futures.Future = abort or concurrent.futures.Future()
-        self.snapshots = snapshots or []  # its backends' snapshot futures
-
-    def ready(self) -> bool:
-        """Every snapshot is in (or failed): it commits or declines without waiting."""
-        return all(f.done() for f in self.snapshots)
-
-    def result(self, timeout: float | None = 60.0) -> CompletedCheckpoint:
-        return self.future.result(timeout)
-
-    def done(self) -> bool:
-        return self.future.done()
 
 
 class CheckpointCoordinator:
@@ -96,13 +89,7 @@ class CheckpointCoordinator:
                  lease_ttl_s: float = 30.0) -> None:
         if retained < 1 or max_concurrent < 1:
             raise ValueError("retained and max_concurrent must be >= 1")
-        if (isinstance(checkpoint_timeout_s, bool)
-                or not isinstance(checkpoint_timeout_s, (int, float))
-                or not 0 < checkpoint_timeout_s < math.inf):
-            raise ConfigError(f"option checkpoint_timeout_s must be a number of seconds > 0 "
-                              f"(Flink's checkpoint timeout, default "
-                              f"{DEFAULT_CHECKPOINT_TIMEOUT_S:g}), got {checkpoint_timeout_s!r}")
-        self.checkpoint_timeout_s = float(checkpoint_timeout_s)
+        self.checkpoint_timeout_s = checkpoint_timeout(checkpoint_timeout_s)
         self.job_id = job_id
         self.base_path = normalize_url(base_path)
         self.job_path = join(self.base_path, job_id)
@@ -136,12 +123,7 @@ class CheckpointCoordinator:
             if self.lease.incarnation is None:
                 inc = self.lease.acquire()
                 self.registry.guard = self.lease.check  # a fenced driver deletes nothing
-                # merged changelog files of this incarnation (and of writers that carry
-                # none: UNMANAGED_DIR, and "_" of earlier versions) belong to the node
-                # actors that append to them (FLIP-306); those of earlier runs go by
-                # reference count, like any shared file
-                self.registry.set_claims("nodes", [join(self.job_path, SEGMENTS_DIR, d)
-                                                   for d in (str(inc), UNMANAGED_DIR, "_")])
+                claim_node_dirs(self.registry, self.job_path, inc)
             return self.lease.incarnation  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ backends
@@ -149,16 +131,14 @@ class CheckpointCoordinator:
     def register_backend(self, backend: ChangelogKeyedStateBackend) -> None:
         backend.set_incarnation(str(self.incarnation))
         backend.attach_registry(self.registry)
-        if backend.owned_dir is not None:  # its merged files are its own to delete
-            self.registry.set_claims(f"backend-{id(backend)}",
-                                     [join(backend.job_path, backend.owned_dir)])
+        claim_backend_dir(self.registry, backend)
         with self._lock:
             self.backends.append(backend)
 
     def unregister_backend(self, backend: ChangelogKeyedStateBackend) -> None:
         with self._lock:
             self.backends.remove(backend)
-        self.registry.set_claims(f"backend-{id(backend)}", ())
+        release_backend_dir(self.registry, backend)
 
     def subsumed_watermark(self) -> int:
         """The newest checkpoint id up to which every checkpoint is subsumed or declined:
@@ -206,25 +186,14 @@ class CheckpointCoordinator:
             n = self._new_id()
             self._in_progress.add(n)
             backends = list(self.backends)
-            too_many = len(self._pending) >= self.max_concurrent
+            pending = len(self._pending)
         self.registry.checkpoint_started(n)
-        futures: list[concurrent.futures.Future] = []
-        error: BaseException | None = (
-            CheckpointDeclinedError(f"checkpoint {n}: {self.max_concurrent} checkpoints are "
-                                    f"already pending") if too_many else None)
-        if error is None:
-            for b in backends:
-                try:
-                    futures.append(b.snapshot(checkpoint_id=n))
-                except DstlError as e:
-                    error = e
-                    break
+        futures, error = start_snapshots(n, backends, pending, self.max_concurrent)
         abort: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:  # registered before it can finish: _forget must find it
             pc = PendingCheckpoint(n, self._finisher.submit(
-                self._finish, n, futures, error, deadline, abort,
-                [f"{b.operator_id}[{b.key_group_range.start}-{b.key_group_range.end}]"
-                 for b in backends]), abort, futures)
+                self._finish, n, futures, error, deadline, abort, snapshot_names(backends)),
+                abort, futures)
             self._pending[n] = pc
         pc.future.add_done_callback(lambda _f: self._forget(n))
         return pc
@@ -238,43 +207,17 @@ class CheckpointCoordinator:
     def _finish(self, n: int, futures: list[concurrent.futures.Future],
                 error: BaseException | None, deadline: float,
                 abort: concurrent.futures.Future, names: list[str]) -> CompletedCheckpoint:
-        """Wait for the snapshots until the checkpoint's deadline, then commit or decline.
-        The first failed snapshot, the deadline, or a newer checkpoint completing (``abort``)
-        declines it at once; snapshots still running then are not waited for (what they
-        upload stays pinned by their backends). Once its snapshots are in, it lets older
-        checkpoints whose snapshots are in too finish first, so checkpoints that are not
-        held up still complete in trigger order; an older one still waiting for a snapshot
-        is not waited for (it is subsumed when this one completes)."""
-        waiting = set(futures)
-        while error is None and waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = [name for name, f in zip(names, futures, strict=False)
-                        if f in waiting]
-                error = TimeoutError(
-                    f"checkpoint {n} expired: {len(late)} of {len(futures)} backend "
-                    f"snapshot(s) not done within checkpoint_timeout_s="
-                    f"{self.checkpoint_timeout_s:g}s: {', '.join(late)}")
-                break
-            done, _ = concurrent.futures.wait(waiting | {abort}, timeout=left,
-                                              return_when=concurrent.futures.FIRST_COMPLETED)
-            if abort in done:
-                error = abort.result()
-                break
-            waiting -= done
-            for f in done:
-                if f.cancelled() or f.exception() is not None:
-                    error = (concurrent.futures.CancelledError() if f.cancelled()
-                             else f.exception())
-                    break
-        if error is None:
-            with self._lock:
-                older = [p.future for m, p in self._pending.items()
-                         if m < n and p.ready() and not p.future.done()]
-            concurrent.futures.wait(older, timeout=max(0.0, deadline - time.monotonic()))
-        snaps = [f.result() for f in futures
-                 if f.done() and not f.cancelled() and f.exception() is None]
+        """Wait for checkpoint ``n``'s snapshots until its deadline (:func:`await_snapshots`:
+        older checkpoints that are ready finish first), then commit or decline it."""
+        snaps, error = await_snapshots(n, futures, names, error, deadline, abort,
+                                       self.checkpoint_timeout_s, lambda: self._older_ready(n))
         return self._commit(n, snaps, error)
+
+    def _older_ready(self, n: int) -> list[concurrent.futures.Future]:
+        """Futures of the pending checkpoints older than ``n`` whose snapshots are all in."""
+        with self._lock:
+            return [p.future for m, p in self._pending.items()
+                    if m < n and p.ready() and not p.future.done()]
 
     def _commit(self, n: int, snaps: list[KeyedStateSnapshot], error: BaseException | None
                 ) -> CompletedCheckpoint:
@@ -306,26 +249,17 @@ class CheckpointCoordinator:
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
         cc = CompletedCheckpoint(n, url, meta, files, len(text))
-        self._claim_dirs(snaps)
+        claim_checkpoint_dirs(self.registry, self.job_path, snaps)
         with self._lock:
             self._retained.append(cc)
             subsumed = self._retained[:-self.retained_count]
             self._retained = self._retained[-self.retained_count:]
             older = [p for m, p in self._pending.items() if m < n]
         self.registry.checkpoint_finished(n)
-        for p in older:  # Flink: completing n aborts the pending checkpoints before it
-            if not p.abort.done():
-                p.abort.set_result(CheckpointDeclinedError(
-                    f"checkpoint {p.checkpoint_id} subsumed: checkpoint {n} completed first"))
+        abort_older(older, n)  # Flink: completing n aborts the pending checkpoints before it
         for old in subsumed:
             self._discard(old)
         return cc
-
-    def _claim_dirs(self, snaps: Iterable[KeyedStateSnapshot]) -> None:
-        """The newest checkpoint's subtask directories (FLIP-306 "DirectoryStateHandle")
-        stay with their subtasks; others go back to reference counting."""
-        self.registry.set_claims("checkpoint", [join(self.job_path, s.owned_dir)
-                                                for s in snaps if s.owned_dir])
 
     def complete_checkpoint(self, checkpoint_id: int, snapshots: list[KeyedStateSnapshot]
                             ) -> CompletedCheckpoint:
@@ -384,25 +318,8 @@ class CheckpointCoordinator:
         with self._lock:
             n = self._new_id()
             backends = list(self.backends)
-        target = join(self.job_path, f"savepoint-{n}")
-        futures = [b.savepoint(target) for b in backends]
-
-        def finish() -> CompletedCheckpoint:
-            url = join(target, METADATA_FILE)
-            try:
-                snaps = tuple(f.result(timeout=300) for f in futures)
-                meta = CheckpointMetadata(self.job_id, n, "savepoint", self.max_parallelism,
-                                          snaps)
-                text = meta.to_json().encode()
-                self.storage.write_file(url, text)
-            except BaseException as e:
-                concurrent.futures.wait(futures)
-                for u in self.storage.list_files(target):
-                    self.storage.delete(u)
-                raise CheckpointDeclinedError(f"savepoint {n} failed: {e}") from e
-            return CompletedCheckpoint(n, url, meta, meta.files(url), len(text))
-
-        return _spawn(finish)
+        return start_savepoint(self.job_id, n, join(self.job_path, f"savepoint-{n}"),
+                               backends, self.max_parallelism, self.storage)
 
     # ------------------------------------------------------------------ recovery
 
@@ -432,84 +349,33 @@ class CheckpointCoordinator:
         # the orphan cleanup considers only files that exist before anything of this run is
         # written: restoring backends may write already (a rescale with file merging
         # materializes each new subtask's own copy at once), and those files are live
-        before = self.storage.list_files(self.job_path) if cleanup else []
-        retained: list[CompletedCheckpoint] = []
-        broken: list[tuple[str, RestoreError]] = []
-        for _cid, url in list_checkpoints(self.job_path, self.storage):
-            try:
-                retained.append(load_checkpoint(url, self.storage))
-            except RestoreError as e:
-                broken.append((url, e))
+        before = self.storage.list_files(self.job_path) if cleanup else None
+        retained, broken = load_retained(self.job_path, self.storage)
         with self._lock:
             self._next_id = max([self._next_id, *[c.checkpoint_id + 1 for c in retained]])
-        if checkpoint is not None:
-            ext = load_checkpoint(checkpoint)
-            own = any(c.metadata_url == ext.metadata_url for c in retained)
-            candidates: list[CompletedCheckpoint | None] = [ext] + (
-                [c for c in reversed(retained) if c.checkpoint_id < ext.checkpoint_id]
-                if own else [])
-            external = None if own else ext
-        else:
-            own, external = True, None
-            newest_ok = max((c.checkpoint_id for c in retained), default=-1)
-            bad = [(u, e) for u, e in broken if int(u.rsplit("/", 2)[-2][4:]) > newest_ok]
-            if bad and not fallback:
-                raise bad[-1][1]
-            candidates = list(reversed(retained)) or [None]
-        chosen, backends = None, None
-        errors: list[RestoreError] = []
         backend_options.setdefault("incarnation", str(self.incarnation))
-        for cc in candidates:
-            try:
-                backends = restore_backends(client, cc, operator_id, parallelism,
-                                            self.max_parallelism, **backend_options)
-                chosen = cc
-                break
-            except RestoreError as e:
-                errors.append(e)
-                if not fallback or not own:
-                    raise
-                log.warning("falling back from %s: %s", cc.metadata_url if cc else None, e)
-        if backends is None:
-            raise errors[-1]
-        claim = external is not None and not own and mode is RestoreMode.CLAIM and not (
-            chosen is not None and chosen.is_savepoint)
-        # retained checkpoints newer than the chosen one are broken: drop them
-        keep = [c for c in retained if chosen is None or not own
-                or c.checkpoint_id <= chosen.checkpoint_id]
-        for c in retained:
-            if c not in keep:
-                get_storage(c.metadata_url).delete(c.metadata_url)
-        if claim and chosen is not None:
-            keep.append(chosen)
-            with self._lock:
-                self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
-        keep = keep[-self.retained_count:] if not claim else keep
-        for c in keep:
-            self.registry.register(c.checkpoint_id, c.files)
+        plan = plan_restore(retained, broken, checkpoint, mode, fallback, self.retained_count,
+                            lambda cc: restore_backends(client, cc, operator_id, parallelism,
+                                                        self.max_parallelism,
+                                                        **backend_options))
+        chosen = plan.chosen
+        for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
+            get_storage(c.metadata_url).delete(c.metadata_url)
         with self._lock:
-            self._retained = sorted(keep, key=lambda c: c.checkpoint_id)
-        if chosen is not None and not own and not claim:
-            self.registry.protect(chosen.files)
-        if cleanup:
-            keep_urls = {u for c in keep for u in c.files.values()} | {
-                c.metadata_url for c in keep} | {self.lease.url}
-            self.lease.check(force=True)  # read it again: only the holder deletes orphans
-            cleanup_orphans(self.job_path, keep_urls, self.storage, candidates=before)
+            if plan.claim and chosen is not None:
+                self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
+            self._retained = sorted(plan.keep, key=lambda c: c.checkpoint_id)
+        settle_files(plan, self.registry, self.lease, self.job_path, self.storage, before)
         if chosen is not None:
-            self._claim_dirs(chosen.metadata.snapshots)
-        for b in backends:
-            if own:
-                b.take_over(keep)
+            claim_checkpoint_dirs(self.registry, self.job_path, chosen.metadata.snapshots)
+        for b in plan.backends:
+            if plan.own:
+                b.take_over(plan.keep)
             self.register_backend(b)
         self._notify_subsumed()
-        if chosen is not None and not own and not claim:
-            # NO_CLAIM / savepoint: the first checkpoint must not depend on foreign files
-            for b in backends:
-                f = b.materialize(force=True)
-                if f is not None:
-                    f.result(timeout=300)
-        return backends
+        if plan.foreign:  # the first checkpoint must not depend on foreign files
+            materialize_now(plan.backends)
+        return plan.backends
 
     # ------------------------------------------------------------------ shutdown
 
@@ -539,18 +405,3 @@ class CheckpointCoordinator:
         driver's death with it)."""
         self.lease.abandon()
         self._finisher.shutdown(wait=False)
-
-
-def _spawn(fn: Any) -> concurrent.futures.Future:
-    """Run ``fn`` on its own thread (a savepoint must not queue behind checkpoints)."""
-    out: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            out.set_result(fn())
-        except BaseException as e:  # noqa: BLE001
-            out.set_exception(e)
-
-    threading.Thread(target=run, daemon=True, name="dstl-savepoint").start()
-    return out
-

@@ -18,14 +18,12 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from . import tracing
 from .errors import (
     DstlError,
     InvalidValueError,
     KeyGroupError,
-    PersistError,
     SqnError,
     WriterClosedError,
 )
@@ -35,24 +33,11 @@ from .keygroups import KeyGroupRange
 from .merging import UNKNOWN_USE as UNKNOWN_CHECKPOINT
 from .messages import PersistRequest, Transport
 from .segment_files import SEGMENTS_DIR
+from .writer_uploads import Upload, after_both, combine_uploads
 
 log = logging.getLogger(__name__)
 
 ENTRY_OVERHEAD = 4  # bytes per entry in the file besides the value (its length prefix)
-
-
-@dataclass(eq=False)
-class _Upload:
-    """One request sent to the tree, holding changesets ``sqns``."""
-
-    sqns: tuple[int, ...]
-    size: int
-    preemptive: bool
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    segment: Segment | None = None
-    used: bool = False  # included in a handle given out by persist_durably
-    released: bool = False
-    last_checkpoint: int = -1  # newest checkpoint whose handle included it
 
 
 class StateChangelogWriter:
@@ -92,7 +77,7 @@ class StateChangelogWriter:
         self._adopted: list[Segment] = []  # restored segments its backend still names
         self._changesets: dict[int, Changeset] = {}
         self._sizes: dict[int, int] = {}
-        self._uploads: dict[int, _Upload] = {}  # sqn -> upload holding that changeset
+        self._uploads: dict[int, Upload] = {}  # sqn -> upload holding that changeset
         self._closed = False
         self.preemptive_uploads = 0
         transport.register(self.log_id)
@@ -141,11 +126,11 @@ class StateChangelogWriter:
     # ------------------------------------------------------------------ persist
 
     def _send(self, sqns: list[int], preemptive: bool,
-              trace: tuple[tuple[str, str], ...] = (), checkpoint_id: int = -1) -> _Upload:
+              trace: tuple[tuple[str, str], ...] = (), checkpoint_id: int = -1) -> Upload:
         """Ship changesets ``sqns`` as ONE request (caller holds the lock)."""
         section = encode_section(self._log_bytes, [self._changesets[s] for s in sqns],
                                  self._compression)
-        up = _Upload(tuple(sqns), len(section.data), preemptive)
+        up = Upload(tuple(sqns), len(section.data), preemptive)
         for s in sqns:
             self._uploads[s] = up
         self._unsent_bytes = 0
@@ -161,7 +146,7 @@ class StateChangelogWriter:
         fut.add_done_callback(lambda f, up=up: self._upload_done(up, f))
         return up
 
-    def _upload_done(self, up: _Upload, fut: concurrent.futures.Future) -> None:
+    def _upload_done(self, up: Upload, fut: concurrent.futures.Future) -> None:
         try:
             self._settle(up, fut)
         except BaseException as e:  # noqa: BLE001 - never leave a persist future pending
@@ -169,7 +154,7 @@ class StateChangelogWriter:
             if not up.future.done():
                 up.future.set_exception(e)
 
-    def _settle(self, up: _Upload, fut: concurrent.futures.Future) -> None:
+    def _settle(self, up: Upload, fut: concurrent.futures.Future) -> None:
         err = fut.exception()
         release = False
         with self._lock:
@@ -237,7 +222,7 @@ class StateChangelogWriter:
             if wspan is not None:
                 wspan.set_attribute("dstl.bytes_sent", new.size if new else 0)
                 wspan.set_attribute("dstl.changesets", len(needed))
-            uploads: list[_Upload] = []
+            uploads: list[Upload] = []
             for s in needed:
                 # (a failed send may already have dropped its sqns from self._uploads)
                 up = new if new is not None and s in new.sqns else self._uploads[s]
@@ -259,52 +244,17 @@ class StateChangelogWriter:
         result: concurrent.futures.Future[StateChangelogHandle] = concurrent.futures.Future()
         if self._acked_marks and isinstance(marked, concurrent.futures.Future):
             handle: concurrent.futures.Future[StateChangelogHandle] = concurrent.futures.Future()
-            self._combine(handle, uploads, after, sqn_to)
-            _after_both(handle, marked, result)
+            combine_uploads(handle, uploads, self._transport.job_path, self.log_id,
+                            self.key_group_range, after, sqn_to)
+            after_both(handle, marked, result)
         else:
-            self._combine(result, uploads, after, sqn_to)
+            combine_uploads(result, uploads, self._transport.job_path, self.log_id,
+                            self.key_group_range, after, sqn_to)
         if wspan is not None:
             result.add_done_callback(lambda f: tracing.end_span(
                 wspan, error=f.exception(),
                 segments=None if f.exception() else len(f.result().segments)))
         return result
-
-    def _combine(self, result: concurrent.futures.Future, uploads: list[_Upload], after: int,
-                 sqn_to: int) -> None:
-        remaining = [len(uploads)]
-        lock = threading.Lock()
-
-        def finish() -> None:
-            errors = [u.future.exception() for u in uploads if u.future.exception() is not None]
-            if errors:
-                e = errors[0]
-                result.set_exception(PersistError(
-                    f"persist_durably(after={after}) of log {self.log_id} failed: "
-                    f"{type(e).__name__}: {e}; the changes are kept and will be re-sent"))
-                return
-            segs = sorted({u.segment for u in uploads if u.segment is not None},
-                          key=lambda s: (s.sqn_min, s.path, s.offset))
-            result.set_result(StateChangelogHandle(
-                self._transport.job_path, self.log_id, self.key_group_range, after, sqn_to,
-                tuple(segs)))
-
-        if not uploads:
-            finish()
-            return
-
-        def one_done(_: concurrent.futures.Future) -> None:
-            with lock:
-                remaining[0] -= 1
-                last = remaining[0] == 0
-            if last:
-                try:
-                    finish()
-                except Exception as e:  # noqa: BLE001 - never leave the future pending
-                    if not result.done():
-                        result.set_exception(PersistError(f"cannot build handle: {e}"))
-
-        for up in uploads:
-            up.future.add_done_callback(one_done)
 
     # ------------------------------------------------------------------ truncate / close
 
@@ -342,7 +292,7 @@ class StateChangelogWriter:
         self._check_open()
         if type(before) is not int or before < 0:
             raise SqnError(f"before must be a non-negative int sqn, got {before!r}")
-        to_release: list[_Upload] = []
+        to_release: list[Upload] = []
         with self._lock:
             if before > self._sqn:
                 raise SqnError(f"truncate(before={before}) is beyond the last appended sqn "
@@ -359,7 +309,7 @@ class StateChangelogWriter:
         for up in to_release:
             self._release(up)
 
-    def _release(self, up: _Upload) -> None:
+    def _release(self, up: Upload) -> None:
         try:
             self._transport.release(up.segment, self.log_id, up.used, up.last_checkpoint)
         except DstlError as e:
@@ -418,23 +368,3 @@ class StateChangelogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _after_both(handle: concurrent.futures.Future, marked: concurrent.futures.Future,
-                result: concurrent.futures.Future) -> None:
-    """``result`` gets ``handle``'s outcome once ``marked`` (the node took our mark) is done
-    too; a mark the node did not take fails it (the handle must not go out)."""
-    def done(_: concurrent.futures.Future) -> None:
-        if not (handle.done() and marked.done()) or result.done():
-            return
-        e = marked.exception() or handle.exception()
-        try:
-            if e is not None:
-                result.set_exception(e)
-            else:
-                result.set_result(handle.result())
-        except concurrent.futures.InvalidStateError:
-            pass  # the other callback was first
-
-    handle.add_done_callback(done)
-    marked.add_done_callback(done)
