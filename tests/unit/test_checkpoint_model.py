@@ -50,8 +50,15 @@ def test_random_lifecycle_matches_oracle(seed):
                 at_checkpoint[pcs[-1].checkpoint_id] = oracle.copy()
                 if rng.random() < 0.5:
                     oracle.put(bs, k, "between")
-            for pc in pcs:
-                pc.result()
+            for i, pc in enumerate(pcs):
+                try:
+                    pc.result()
+                except d.CheckpointDeclinedError as e:
+                    # two in flight: the older one's last snapshot came in after the newer
+                    # one completed, which subsumes it (Flink aborts it too)
+                    assert i == 0 and len(pcs) == 2 and "completed first" in str(e), e
+                    pcs[1].result()
+                    del at_checkpoint[pc.checkpoint_id]
         elif r < 0.93:
             futs = [b.materialize() for b in bs if rng.random() < 0.6]
             if rng.random() < 0.5:
