@@ -4,22 +4,16 @@ Writers append state changes in memory; on a checkpoint each node actor batches 
 gets and either forwards them to its parent or writes ONE changelog file to DFS.
 """
 
-from . import tracing
-from .backend import (
-    ChangelogKeyedStateBackend,
-    ListState,
-    MapState,
-    RestoreSource,
-    ValueState,
-)
-from .client import DirectTransport, StateChangelogClient
-from .config import ChangelogConfig
-from .coordinator import (
+from .checkpoint.coordinator import (
     CheckpointCoordinator,
     CheckpointRetention,
     PendingCheckpoint,
     RestoreMode,
 )
+from .checkpoint.recovery import CompletedCheckpoint, cleanup_orphans, load_checkpoint
+from .checkpoint.registry import SharedStateRegistry
+from .checkpoint.snapshot import ChangelogComponent, CheckpointMetadata, KeyedStateSnapshot
+from .config import ChangelogConfig
 from .deploy import ChangelogTree, attach, deploy
 from .errors import (
     CheckpointDeclinedError,
@@ -40,14 +34,20 @@ from .errors import (
     StorageError,
     WriterClosedError,
 )
-from .handle import Segment, StateChangelogHandle
-from .hedging import HedgePolicy
+from .format.materialized import MaterializedHandle
 from .keygroups import KeyGroupRange, assign_key_group, key_group_range_for_subtask, stable_hash
-from .materialization import MaterializedHandle
-from .recovery import CompletedCheckpoint, cleanup_orphans, load_checkpoint
-from .registry import SharedStateRegistry
-from .snapshot import ChangelogComponent, CheckpointMetadata, KeyedStateSnapshot
-from .state import (
+from .log.client import StateChangelogClient
+from .log.handle import Segment, StateChangelogHandle
+from .log.writer import StateChangelogWriter
+from .observability import tracing
+from .state.backend import (
+    ChangelogKeyedStateBackend,
+    ListState,
+    MapState,
+    RestoreSource,
+    ValueState,
+)
+from .state.records import (
     ListStateDescriptor,
     MapStateDescriptor,
     Serializer,
@@ -56,8 +56,9 @@ from .state import (
     TaggedSerializer,
     ValueStateDescriptor,
 )
-from .upload import Uploader
-from .writer import StateChangelogWriter
+from .transport.direct import DirectTransport
+from .upload.hedging import HedgePolicy
+from .upload.uploader import Uploader
 
 __version__ = "0.1.0"
 

@@ -197,7 +197,7 @@ class ChangelogConfig:
             if spec.lo is not None and not (spec.lo <= value <= spec.hi):
                 raise ConfigError(
                     f"option {f.name} must be in [{spec.lo:g}, {spec.hi:g}], got {value!r}")
-        from .tracing import check_mode
+        from .observability.tracing import check_mode
 
         try:
             check_mode(self.tracing)
@@ -228,7 +228,7 @@ class ChangelogConfig:
     def upload_deadline_s(self) -> float:
         """How long one DFS upload may take with all its tries: max_attempts x
         (upload_timeout_s + retry_delay_s). Queueing for an upload thread counts against it,
-        not against an attempt's own timeout (see :mod:`dstl_ray.upload`)."""
+        not against an attempt's own timeout (see :mod:`dstl_ray.upload.uploader`)."""
         return self.max_attempts * (self.upload_timeout_s + self.retry_delay_s)
 
     @property

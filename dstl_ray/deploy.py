@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .client import ensure_ray
 from .config import ChangelogConfig
 from .errors import NodeUnavailableError
-from .storage import normalize_url
+from .storage.base import normalize_url
+from .transport.ray import ensure_ray
 
 
 @dataclass
@@ -76,7 +76,7 @@ def deploy(base_path: str, config: ChangelogConfig | None = None, *,
     from topology.membership import reconcile
     from topology.placement import node_actor_name, place_tree
 
-    from .merging import FileMergingOptions
+    from .merging.pool import FileMergingOptions
 
     config = config or ChangelogConfig.from_env()
     base = normalize_url(base_path)

@@ -101,7 +101,7 @@ class StaleIncarnationError(DstlError):
 
 class FencedError(DstlError):
     """The sending process's Ray job was found dead and its writers' merged-file sections
-    released (dstl_ray.dead_writers): nothing more is accepted from it."""
+    released (dstl_ray.node.dead_writers): nothing more is accepted from it."""
 
 
 class DeadlineError(DstlError, TimeoutError):

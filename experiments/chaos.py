@@ -97,8 +97,8 @@ class Subtask:
                  env: dict[str, str], incarnation: str = "", parallelism: int = PAR) -> None:
         os.environ.update(env)
         from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient, assign_key_group
+        from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
         from dstl_ray.keygroups import key_group_range_for_subtask
-        from dstl_ray.recovery import assign_sources, load_checkpoint
 
         self.index = index
         client = StateChangelogClient(job, namespace=namespace)
@@ -214,7 +214,7 @@ class Bystander:
     def _run(self) -> None:
         import ray
 
-        from dstl_ray.snapshot import KeyedStateSnapshot
+        from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
 
         while not self._stop.is_set():
             t0 = time.time()
@@ -358,7 +358,7 @@ class Harness:
         import ray
 
         from dstl_ray import CheckpointCoordinator, CheckpointRetention
-        from dstl_ray.snapshot import KeyedStateSnapshot
+        from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
 
         def coordinator() -> Any:
             return CheckpointCoordinator(
@@ -621,8 +621,8 @@ class Harness:
 def restore_in_driver(job: str, base: str, metadata_url: str) -> dict[int, int]:
     """The counts of a checkpoint, restored from storage in this process."""
     from dstl_ray import ChangelogKeyedStateBackend, DirectTransport, StateChangelogClient
+    from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
     from dstl_ray.keygroups import KeyGroupRange
-    from dstl_ray.recovery import assign_sources, load_checkpoint
 
     client = StateChangelogClient(job, transport=DirectTransport(job, base))
     b = ChangelogKeyedStateBackend(client, OP, KeyGroupRange(0, MAXP - 1), MAXP,
@@ -636,7 +636,8 @@ def restore_in_driver(job: str, base: str, metadata_url: str) -> dict[int, int]:
 
 
 def list_job_files(base: str, job: str) -> list[str]:
-    from dstl_ray.storage import get_storage, join
+    from dstl_ray.storage.base import join
+    from dstl_ray.storage.registry import get_storage
 
     path = join(base, job)
     return get_storage(path).list_files(path)

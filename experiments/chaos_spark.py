@@ -88,7 +88,7 @@ def main() -> None:
     from pyspark import cloudpickle
 
     from dstl_ray import ChangelogConfig, deploy
-    from dstl_ray.storage import get_storage
+    from dstl_ray.storage.registry import get_storage
     from dstl_ray.testing import start_local_cluster
     from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
     from spark_glue.pipeline import (

@@ -38,7 +38,7 @@ def seed_corpus(directory: str) -> dict[str, str]:
     (the seed job's files stay in ``directory/dfs``); returns the environment the targets
     need (the "metadata" target loads inputs as the savepoint's ``_metadata`` there)."""
     from dstl_ray import ChangelogConfig, DirectTransport, KeyGroupRange, StateChangelogClient
-    from dstl_ray.format import Changeset, assemble_file, encode_section
+    from dstl_ray.format.changelog import Changeset, assemble_file, encode_section
 
     from .fuzz_seeds import METADATA_ENV, build_job, write_seeds
 

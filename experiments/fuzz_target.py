@@ -37,20 +37,20 @@ import atheris
 with atheris.instrument_imports():
     import json  # instrumented too: the JSON targets' coverage includes the parser's paths
 
+    from dstl_ray.checkpoint.recovery import load_checkpoint
+    from dstl_ray.checkpoint.snapshot import CheckpointMetadata, split_metadata_url
     from dstl_ray.errors import DstlError, FormatError, HandleError
-    from dstl_ray.format import crc32c, decode_file, iter_blocks, read_prefixed
-    from dstl_ray.handle import StateChangelogHandle
-    from dstl_ray.keygroups import MAX_KEY_GROUPS, KeyGroupRange
-    from dstl_ray.materialization import (
+    from dstl_ray.format.changelog import crc32c, decode_file, iter_blocks, read_prefixed
+    from dstl_ray.format.materialized import (
         HEADER_SIZE,
         SECTION_HEADER_SIZE,
         MaterializedHandle,
         read_sections,
     )
-    from dstl_ray.recovery import load_checkpoint
-    from dstl_ray.snapshot import CheckpointMetadata, split_metadata_url
-    from dstl_ray.state import StateKind, TaggedSerializer, apply_record, apply_records
-    from dstl_ray.storage import LocalStorage
+    from dstl_ray.keygroups import MAX_KEY_GROUPS, KeyGroupRange
+    from dstl_ray.log.handle import StateChangelogHandle
+    from dstl_ray.state.records import StateKind, TaggedSerializer, apply_record, apply_records
+    from dstl_ray.storage.local import LocalStorage
 
     from .fuzz_seeds import (
         EVIL,

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from dstl_ray import ChangelogConfig, Uploader
-from dstl_ray.storage import storage_for
+from dstl_ray.storage.registry import storage_for
 from dstl_ray.testing.faults import FLIP158_QUANTILES_MS
 from dstl_ray.testing.s3server import LoopbackS3
 

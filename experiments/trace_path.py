@@ -22,8 +22,8 @@ def main() -> None:
     import ray
 
     from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.observability.trace_view import draw, load_spans
     from dstl_ray.testing import start_local_cluster
-    from dstl_ray.trace_view import draw, load_spans
     from experiments.workload import place_writers
 
     spans_dir = tempfile.mkdtemp(prefix="dstl-spans-")

@@ -47,8 +47,8 @@ class Counter:
         import random
 
         from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient, assign_key_group
+        from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
         from dstl_ray.keygroups import key_group_range_for_subtask
-        from dstl_ray.recovery import assign_sources, load_checkpoint
 
         client = StateChangelogClient("vsflink", namespace=namespace)
         kgr = key_group_range_for_subtask(128, parallelism, index)
@@ -88,7 +88,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[s
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.snapshot import KeyedStateSnapshot
+    from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
     from .vs_spark_state_store import FileWatcher

@@ -68,7 +68,7 @@ class NodeWriters:
         return self.expected
 
     def spans(self) -> list[dict[str, Any]]:
-        from dstl_ray import tracing
+        from dstl_ray.observability import tracing
 
         return tracing.finished_spans()
 

@@ -22,13 +22,13 @@ _nearest: dict[str, tuple[str, str]] = {}
 
 def connect(gcs_address: str, namespace: str) -> None:
     """``ray.init`` once per Python worker process (a no-op when already connected), in the
-    cluster's authentication mode (:mod:`dstl_ray.auth`): a worker in token mode on a cluster
+    cluster's authentication mode (:mod:`dstl_ray.transport.auth`): a worker in token mode on a cluster
     without tokens cannot be called back, and node actors on other Ray nodes then fail to
     fetch its large persist requests with ``OwnerDiedError``."""
     global _connected
     import ray
 
-    from dstl_ray.auth import use_cluster_auth_mode
+    from dstl_ray.transport.auth import use_cluster_auth_mode
 
     with _lock:
         if ray.is_initialized():

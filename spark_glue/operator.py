@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from dstl_ray.coordinator import CheckpointCoordinator
+from dstl_ray.checkpoint.coordinator import CheckpointCoordinator
+from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
 from dstl_ray.errors import ConfigError
-from dstl_ray.snapshot import KeyedStateSnapshot
 
 from .worker import TaskSpec, UpdateFn, run_partition, subtask_of
 
@@ -133,8 +133,8 @@ class KeyedStatefulOperator:
                  materialization_interval: float | None = 10.0, retained: int = 3,
                  sink: Sink | None = None, spark: Any = None, sticky: bool = True,
                  history_limit: int | None = 1000) -> None:
-        from dstl_ray.client import StateChangelogClient
         from dstl_ray.config import ChangelogConfig
+        from dstl_ray.log.client import StateChangelogClient
 
         from .session import gcs_address
 
@@ -280,10 +280,11 @@ class KeyedStatefulOperator:
     def state(self, checkpoint: str | None = None) -> dict[str, dict[Any, Any]]:
         """The state of the latest complete checkpoint (or ``checkpoint``, a ``_metadata``
         URL), restored from storage in this process: {state name: {key: value}}."""
-        from dstl_ray.backend import ChangelogKeyedStateBackend
-        from dstl_ray.client import DirectTransport, StateChangelogClient
+        from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
         from dstl_ray.keygroups import KeyGroupRange
-        from dstl_ray.recovery import assign_sources, load_checkpoint
+        from dstl_ray.log.client import StateChangelogClient
+        from dstl_ray.state.backend import ChangelogKeyedStateBackend
+        from dstl_ray.transport.direct import DirectTransport
 
         latest = self.coordinator.latest_checkpoint()
         url = checkpoint or (latest.metadata_url if latest else None)

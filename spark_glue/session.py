@@ -37,7 +37,7 @@ def start_spark(app_name: str = "dstl-ray", num_executors: int = 2, executor_cor
     import ray
     import raydp
 
-    from dstl_ray.client import ensure_ray
+    from dstl_ray.transport.ray import ensure_ray
 
     if not ray.is_initialized():
         ensure_ray(os.environ.get("DSTL_NAMESPACE", "dstl_ray"))

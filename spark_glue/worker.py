@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstl_ray.backend import ChangelogKeyedStateBackend
+from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
 from dstl_ray.keygroups import key_group_range_for_subtask
-from dstl_ray.recovery import assign_sources, load_checkpoint
+from dstl_ray.state.backend import ChangelogKeyedStateBackend
 
 from .placement import executor_id
 
@@ -53,7 +53,7 @@ class TaskSpec:
     # admit a job only from its own namespace); a worker's own namespace is whatever it
     # first connected with
     caller_namespace: str = ""
-    # the driver's run of the job (dstl_ray.lease): requests carry it, so node actors keep
+    # the driver's run of the job (dstl_ray.checkpoint.lease): requests carry it, so node actors keep
     # the job's state per run and never free a new run's merged files with an old one's
     # knowledge
     incarnation: str = ""
@@ -170,7 +170,7 @@ _CACHE = _Cache()
 
 
 def _client(spec: TaskSpec) -> Any:
-    from dstl_ray.client import StateChangelogClient
+    from dstl_ray.log.client import StateChangelogClient
 
     from .nearest import connect
 

@@ -22,22 +22,23 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from .. import tracing
 from ..config import ChangelogConfig
-from ..dead_writers import DeadWriters
-from ..handle import Segment, check_relative_path
-from ..merging import FileMergingOptions
-from ..messages import PersistRequest
-from ..metrics import NodeMetrics
-from ..namespaces import Caller, JobNamespaces
-from ..storage import normalize_url, storage_for
-from ..upload import Uploader
+from ..log.handle import Segment, check_relative_path
+from ..merging.pool import FileMergingOptions
+from ..observability import tracing
+from ..observability.metrics import NodeMetrics
+from ..storage.base import normalize_url
+from ..storage.registry import storage_for
+from ..transport.base import PersistRequest
+from ..upload.uploader import Uploader
 from .batching import BatchScheduler, Clock, LoopClock
 from .dead_writer_check import DeadWriterCheck, restarted_at
+from .dead_writers import DeadWriters
 from .flush import Flusher, Result
 from .intake import Intake
 from .jobs import Jobs
 from .membership import MembershipWatcher, Reconcile
+from .namespaces import Caller, JobNamespaces
 from .peers import Peers, Place
 from .routing import Router
 from .sources import Sources
@@ -75,7 +76,7 @@ class ChangelogNode:
         merging = FileMergingOptions.from_config(config)
         if merging.across:
             merging.check_storage(self.base_path)
-        # writers' records and fenced dead processes (dstl_ray.dead_writers)
+        # writers' records and fenced dead processes (dstl_ray.node.dead_writers)
         self._dead = DeadWriters(restarted_at())
         self._namespaces = JobNamespaces()  # job id -> the Ray namespace it may call from
         self._sources = Sources(self._place, self._peers, self.counters,
@@ -235,7 +236,7 @@ class ChangelogNode:
         """``source`` has nothing (more) to send for ``checkpoint_id``: its changes are
         durable already or it had none. A batch waiting for it stops waiting; a node that
         had no request of this checkpoint at all passes the mark to its upstream.
-        ``named``: a writer's newest checkpoint with a handle (dstl_ray.dead_writers); with
+        ``named``: a writer's newest checkpoint with a handle (dstl_ray.node.dead_writers); with
         it, ``checkpoint_id`` may be -1 (a handle for no checkpoint id: only recorded)."""
         await self._intake.mark(job_id, source, checkpoint_id, caller, named)
 

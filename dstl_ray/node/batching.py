@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import ChangelogConfig
-from ..messages import PersistRequest
+from ..transport.base import PersistRequest
 from .peers import Place
 from .sources import Sources
 from .stats import NodeCounters

@@ -1,4 +1,4 @@
-"""Dead writers at a node (dstl_ray.dead_writers; docs/architecture.md "Dead writers"): the
+"""Dead writers at a node (dstl_ray.node.dead_writers; docs/architecture.md "Dead writers"): the
 records a node keeps of its writers' processes, the look-up of a driver first seen here, and
 the two-phase release round (fence the dead Ray job at every node, then release its logs'
 sections of merged files up to their bounds everywhere). Off unless changelog files are
@@ -13,16 +13,16 @@ import time
 from typing import Any
 
 from ..config import ChangelogConfig
-from ..dead_writers import DeadWriters, bounds_of
-from ..namespaces import Caller, dead_ray_job_ids
+from .dead_writers import DeadWriters, bounds_of
 from .flush import Flusher
+from .namespaces import Caller, dead_ray_job_ids
 from .peers import Peers, Place, list_node_actors
 from .sources import REGISTRATION_TIMEOUT_S
 from .stats import NodeCounters
 
 log = logging.getLogger(__name__)
 
-VETTED_MAX = 10_000  # Ray jobs a node remembers having looked up (dstl_ray.dead_writers)
+VETTED_MAX = 10_000  # Ray jobs a node remembers having looked up (dstl_ray.node.dead_writers)
 # Ray's job table is read on a thread of its own: a slow GCS (or a table of every Spark
 # worker ever started) must not hold up the threads that write and delete files
 _JOB_TABLE = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-jobtable")
@@ -30,7 +30,7 @@ _JOB_TABLE = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-j
 
 def restarted_at() -> float:
     """When Ray restarted this node actor (now, if it did), else 0: a restarted node lost
-    its writers' records (dstl_ray.dead_writers)."""
+    its writers' records (dstl_ray.node.dead_writers)."""
     try:
         import ray  # lazy: importing dstl_ray must not start loading Ray
 
@@ -136,7 +136,7 @@ class DeadWriterCheck:
 
     async def release_dead_writers(self) -> int:
         """Release the merged-file sections of writers whose process died
-        (dstl_ray.dead_writers): fence each dead Ray job at every node, then release its
+        (dstl_ray.node.dead_writers): fence each dead Ray job at every node, then release its
         logs up to their bounds everywhere. Returns how many logs were released."""
         ids = self.dead.candidates()
         if not ids:

@@ -1,6 +1,6 @@
 """Writing a batch to the DFS (docs/architecture.md "Write path" 5): ONE file per job for the
 whole batch (FLIP-158 "Implementation notes"), or, with FLIP-306 file merging across
-checkpoints, an append to this node's open file of the job (dstl_ray.segment_files); and the
+checkpoints, an append to this node's open file of the job (dstl_ray.merging.segments); and the
 releases and retains of what was written (dstl_ray.node.release)."""
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ import time
 import uuid
 from typing import Any
 
-from .. import tracing
 from ..config import ChangelogConfig
-from ..dead_writers import DeadWriters
 from ..errors import DstlError, StorageError
-from ..format import FILE_SUFFIX, assemble_file
-from ..handle import Segment, check_relative_path
-from ..merging import FileMergingOptions
-from ..messages import PersistRequest
-from ..metrics import NodeMetrics
-from ..segment_files import SEGMENTS_DIR, UNMANAGED_DIR, FlushFiles
-from ..storage import Storage, join
-from ..upload import Uploader
+from ..format.changelog import FILE_SUFFIX, assemble_file
+from ..log.handle import Segment, check_relative_path
+from ..merging.pool import FileMergingOptions
+from ..merging.segments import SEGMENTS_DIR, UNMANAGED_DIR, FlushFiles
+from ..observability import tracing
+from ..observability.metrics import NodeMetrics
+from ..storage.base import Storage, join
+from ..transport.base import PersistRequest
+from ..upload.uploader import Uploader
+from .dead_writers import DeadWriters
 from .jobs import Jobs
 from .peers import Place
 from .release import UploadRegistry

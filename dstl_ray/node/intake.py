@@ -11,16 +11,16 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .. import tracing
 from ..errors import DstlError
-from ..handle import Segment, check_relative_path
-from ..messages import PersistRequest
-from ..metrics import NodeMetrics
-from ..namespaces import Caller
+from ..log.handle import Segment, check_relative_path
+from ..observability import tracing
+from ..observability.metrics import NodeMetrics
+from ..transport.base import PersistRequest
 from .batching import BatchScheduler, Clock, Pending
 from .dead_writer_check import DeadWriterCheck
 from .flush import Flusher, Result
 from .jobs import Jobs
+from .namespaces import Caller
 from .peers import Peers, Place
 from .routing import Router
 from .sources import Sources

@@ -1,18 +1,18 @@
 """The jobs a node serves (docs/architecture.md "Many jobs, one tree"): each request-taking
-endpoint admits a job through its namespace (dstl_ray.namespaces), the fence of dead writers
-(dstl_ray.dead_writers) and its incarnation (dstl_ray.lease); idle jobs are forgotten."""
+endpoint admits a job through its namespace (dstl_ray.node.namespaces), the fence of dead writers
+(dstl_ray.node.dead_writers) and its incarnation (dstl_ray.checkpoint.lease); idle jobs are forgotten."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from ..dead_writers import DeadWriters
+from ..checkpoint.lease import Incarnation
 from ..errors import StaleIncarnationError
-from ..handle import check_relative_path
-from ..lease import Incarnation
-from ..messages import PersistRequest
-from ..namespaces import Caller, JobNamespaces
+from ..log.handle import check_relative_path
+from ..transport.base import PersistRequest
+from .dead_writers import DeadWriters
+from .namespaces import Caller, JobNamespaces
 from .peers import Place
 from .stats import NodeCounters
 
@@ -42,14 +42,14 @@ class Jobs:
         self._on_reset = on_reset
         self._active = active
         self._holds = holds
-        # job -> its newest incarnation seen here (dstl_ray.lease): a job's node-side state
+        # job -> its newest incarnation seen here (dstl_ray.checkpoint.lease): a job's node-side state
         # belongs to one incarnation and starts clean when a newer one appears
         self.incarnations: dict[str, Incarnation] = {}
         self.seen: dict[str, float] = {}  # job -> last time it was heard of
         self._checked = now()
 
     def admit(self, job_id: str, caller: Caller | None, incarnation: str = "") -> None:
-        """Every request-taking endpoint: the job's namespace (dstl_ray.namespaces), then its
+        """Every request-taking endpoint: the job's namespace (dstl_ray.node.namespaces), then its
         incarnation. A newer incarnation resets the job's node-side state (batching
         knowledge, merged changelog files, the subsumed watermark): the job was restarted
         under the same id, and nothing the old run taught us may touch the new run's files.

@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import tracing
 from ..config import ChangelogConfig
 from ..errors import DeadlineError, DstlError, StorageError
-from ..handle import Segment
-from ..messages import PersistRequest
-from ..metrics import NodeMetrics
-from ..namespaces import Caller
+from ..log.handle import Segment
+from ..observability import tracing
+from ..observability.metrics import NodeMetrics
+from ..transport.base import PersistRequest
 from .batching import Pending
 from .flush import Flusher, Result
+from .namespaces import Caller
 from .peers import Peers, Place
 from .sources import Sources
 from .stats import NodeCounters

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..dead_writers import DeadWriters
-from ..namespaces import JobNamespaces
-from ..upload import UploadStats
+from ..upload.uploader import UploadStats
+from .dead_writers import DeadWriters
+from .namespaces import JobNamespaces
 from .peers import Place
 from .throttle import ByteBudget
 

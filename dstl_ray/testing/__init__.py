@@ -6,7 +6,7 @@ their own jobs; not part of the runtime API (``dstl_ray.__all__``).
 - :mod:`~dstl_ray.testing.s3server`: a real S3 server on loopback (moto), needs ``moto[server]``.
 - :mod:`~dstl_ray.testing.cluster`: several Ray nodes on this machine (``local_cluster``).
 - :mod:`~dstl_ray.testing.storage_suite`: the conformance suite every
-  :class:`~dstl_ray.storage.Storage` binds (needs pytest; import it explicitly).
+  :class:`~dstl_ray.storage.base.Storage` binds (needs pytest; import it explicitly).
 
 Importing this package imports neither Ray, moto, boto3 nor pytest: the runtime imports
 :mod:`~dstl_ray.testing.faults` (config validation, ``storage_for``), and that must stay cheap.

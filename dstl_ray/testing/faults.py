@@ -1,6 +1,6 @@
 """Fault and latency injection for tests and experiments (``dstl_ray.testing.faults``).
 
-:class:`FaultyStorage` wraps any :class:`~dstl_ray.storage.Storage` (typically s3fs in front of
+:class:`FaultyStorage` wraps any :class:`~dstl_ray.storage.base.Storage` (typically s3fs in front of
 a real S3 server on loopback) and, on each ``write_file`` whose path contains ``match``, first
 waits a latency drawn from a distribution, then may inject a fault:
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigError, DstlError
 
 if TYPE_CHECKING:  # typing only: storage wraps with this module, never the reverse at runtime
-    from ..storage import Storage
+    from ..storage.base import Storage
 
 # (quantile, latency ms): FLIP-158 "DFS write latency" plus the two ends we chose
 FLIP158_QUANTILES_MS: tuple[tuple[float, float], ...] = (

@@ -1,4 +1,4 @@
-"""The conformance suite of the :class:`~dstl_ray.storage.Storage` protocol: what the upload
+"""The conformance suite of the :class:`~dstl_ray.storage.base.Storage` protocol: what the upload
 path, the readers (handles, checkpoints), the orphan cleanup and FLIP-306's merged files rely on,
 checked the same way for every backend (after fsspec's ``fsspec/tests/abstract``).
 
@@ -15,7 +15,7 @@ fresh, empty directory on it)::
             return f"my://{tmp_path.name}"
 
 Optional fixtures: ``appendable`` (the backend keeps appended bytes readable at once, FLIP-306
-"SEGMENTED_ACROSS_CP_BOUNDARY"; default: :func:`~dstl_ray.storage.supports_append` of ``base``)
+"SEGMENTED_ACROSS_CP_BOUNDARY"; default: :func:`~dstl_ray.storage.base.supports_append` of ``base``)
 and ``large_size`` (bytes of the large-file case; a backend with a multipart path sets it above
 its threshold). Needs pytest; ``dstl_ray.testing`` does not import this module.
 
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ..errors import StorageError
-from ..storage import MiB, Storage, join, split_protocol, supports_append
+from ..storage.base import MiB, Storage, join, split_protocol, supports_append
 
 
 def _payload(tag: str, size: int) -> bytes:
@@ -43,7 +43,7 @@ def _payload(tag: str, size: int) -> bytes:
 
 
 class StorageSuite:
-    """Test methods every :class:`~dstl_ray.storage.Storage` must pass."""
+    """Test methods every :class:`~dstl_ray.storage.base.Storage` must pass."""
 
     # ------------------------------------------------------------------ fixtures to bind
 

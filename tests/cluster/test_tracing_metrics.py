@@ -6,7 +6,7 @@ import os
 
 import ray
 
-from dstl_ray.trace_view import draw, hops, request_paths
+from dstl_ray.observability.trace_view import draw, hops, request_paths
 from experiments.workload import place_writers
 from topology.tree import build_tree, path_to_root
 

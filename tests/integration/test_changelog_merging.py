@@ -10,8 +10,8 @@ import time
 import pytest
 
 import dstl_ray as d
-from dstl_ray.inspect import inspect_path, render
-from dstl_ray.recovery import restore_backends
+from dstl_ray.checkpoint.recovery import restore_backends
+from dstl_ray.cli.inspect import inspect_path, render
 
 MAXP = 32
 JOB = "cmerge"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import dstl_ray as d
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.registry import get_storage
 
 MAXP = 32
 

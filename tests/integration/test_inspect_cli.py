@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dstl_ray import DirectTransport, KeyGroupRange, StateChangelogClient
-from dstl_ray.cli import main
-from dstl_ray.storage import join
+from dstl_ray.cli.main import main
+from dstl_ray.storage.base import join
 
 
 def _write(tmp_path, compression="none"):

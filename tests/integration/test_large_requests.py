@@ -6,7 +6,7 @@ sending process; a node actor on another Ray node fetches it through that proces
 here run with a token at hand (as on any machine where ``ray.init()`` once generated
 ``~/.ray/auth_token``) against the session's cluster, which runs without token authentication:
 a sender that turned token mode on could not be called back, and every such fetch failed with
-``OwnerDiedError`` (dstl_ray.auth)."""
+``OwnerDiedError`` (dstl_ray.transport.auth)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def persist(job, node, size):
 
 
 if not ray_tasks:  # the driver itself connects through dstl_ray (its auth mode, its ns)
-    from dstl_ray.client import ensure_ray
+    from dstl_ray.log.client import ensure_ray
     ensure_ray(caller_ns, address)
     out = {node: persist(f"drv-{i}", node, size) for i, (node, _) in enumerate(nodes)}
 else:  # Ray tasks, each on another Ray node than the node actor it sends to

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import dstl_ray as d
+from dstl_ray.checkpoint.recovery import restore_backends
 from dstl_ray.errors import StaleIncarnationError
-from dstl_ray.recovery import restore_backends
 
 MAXP = 16
 

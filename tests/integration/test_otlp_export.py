@@ -7,7 +7,8 @@ import http.server
 import threading
 import uuid
 
-from dstl_ray import ChangelogConfig, DirectTransport, KeyGroupRange, StateChangelogClient, tracing
+from dstl_ray import ChangelogConfig, DirectTransport, KeyGroupRange, StateChangelogClient
+from dstl_ray.observability import tracing
 
 
 def test_otlp_exporter_posts_spans(monkeypatch):

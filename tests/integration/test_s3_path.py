@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dstl_ray import ChangelogConfig, KeyGroupRange, PersistError, StateChangelogClient
-from dstl_ray.storage import storage_for
+from dstl_ray.storage.registry import storage_for
 from dstl_ray.testing.s3server import TEST_SECRET, LoopbackS3
 
 

@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from dstl_ray import ChangelogConfig
-from dstl_ray.storage import FsspecStorage, storage_for
+from dstl_ray.storage.fsspec import FsspecStorage
+from dstl_ray.storage.registry import storage_for
 from dstl_ray.testing.faults import FaultyStorage
 from dstl_ray.testing.s3server import LoopbackS3
 from dstl_ray.testing.storage_suite import StorageSuite

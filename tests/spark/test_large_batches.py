@@ -5,7 +5,7 @@ The Python workers here have a Ray token at hand (``RAY_AUTH_TOKEN_PATH``, as
 ``~/.ray/auth_token`` on any machine where ``ray.init()`` once started a local cluster) while
 the cluster runs without token authentication. Workers that turned token mode on because of
 the token could not be called back by the other Ray nodes, and every subtask whose node actor
-was not on the worker's own Ray node failed with ``OwnerDiedError`` (dstl_ray.auth)."""
+was not on the worker's own Ray node failed with ``OwnerDiedError`` (dstl_ray.transport.auth)."""
 
 from __future__ import annotations
 

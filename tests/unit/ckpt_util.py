@@ -7,8 +7,8 @@ import copy
 import uuid
 
 import dstl_ray as d
-from dstl_ray.deleter import flush_deletes
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.deleter import flush_deletes
+from dstl_ray.storage.registry import get_storage
 
 MAXP = 16
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_ray.errors import FormatError
-from dstl_ray.state import Op, StateKind, apply_record, apply_records, encode, join_items
+from dstl_ray.state.records import Op, StateKind, apply_record, apply_records, encode, join_items
 
 KINDS = [StateKind.VALUE, StateKind.LIST, StateKind.MAP, StateKind.VALUE]
 OPS = {StateKind.VALUE: [Op.VALUE_SET, Op.VALUE_CLEAR],

@@ -1,4 +1,4 @@
-"""The authentication mode of a process joining a Ray cluster (dstl_ray.auth): the probe is
+"""The authentication mode of a process joining a Ray cluster (dstl_ray.transport.auth): the probe is
 bounded, an undecided probe keeps Ray's own behaviour, and a mode this module chose for one
 cluster is asked again for the next."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from dstl_ray import auth
+from dstl_ray.transport import auth
 
 
 def test_the_probe_of_an_unreachable_cluster_is_bounded():

@@ -1,6 +1,6 @@
 """File deletes never run under a backend's lock or on a persist completion's thread: a
 delete stuck on a slow object store must not hold up state access or checkpoints (they run
-on the background deleter, dstl_ray.deleter). Events, not timings: the delete is held until
+on the background deleter, dstl_ray.storage.deleter). Events, not timings: the delete is held until
 the test lets it go, and state access must finish meanwhile."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 
 import dstl_ray as d
-from dstl_ray.deleter import Deleter
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.deleter import Deleter
+from dstl_ray.storage.registry import get_storage
 
 from .ckpt_util import MAXP, client, new_base
 

@@ -10,12 +10,12 @@ from collections.abc import Callable
 import pytest
 
 from dstl_ray import ChangelogConfig
-from dstl_ray.format import EncodedSection
-from dstl_ray.messages import PersistRequest
+from dstl_ray.format.changelog import EncodedSection
 from dstl_ray.node.batching import BatchScheduler, Pending
 from dstl_ray.node.peers import Peers, Place
 from dstl_ray.node.sources import Sources
 from dstl_ray.node.stats import NodeCounters
+from dstl_ray.transport.base import PersistRequest
 
 DELAY = 0.010
 MAX_WAIT = 0.5

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import dstl_ray as d
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.registry import get_storage
 
 from .ckpt_util import MAXP, client, new_base
 

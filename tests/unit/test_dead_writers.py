@@ -1,4 +1,4 @@
-"""Dead writers' sections in merged changelog files (dstl_ray.dead_writers), without Ray:
+"""Dead writers' sections in merged changelog files (dstl_ray.node.dead_writers), without Ray:
 records, the bound, fencing, the skip after a node restart, and a node's whole round."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import uuid
 import pytest
 
 from dstl_ray import ChangelogConfig, DirectTransport, KeyGroupRange, PersistError
-from dstl_ray.dead_writers import RESTART_MARGIN_S, DeadWriters, bounds_of
 from dstl_ray.errors import FencedError
-from dstl_ray.merging import UNKNOWN_USE
-from dstl_ray.namespaces import Caller
+from dstl_ray.log.writer import StateChangelogWriter
+from dstl_ray.merging.pool import UNKNOWN_USE
 from dstl_ray.node import ChangelogNode
 from dstl_ray.node import dead_writer_check as node_mod
-from dstl_ray.writer import StateChangelogWriter
+from dstl_ray.node.dead_writers import RESTART_MARGIN_S, DeadWriters, bounds_of
+from dstl_ray.node.namespaces import Caller
 
 ALIVE, DEAD = Caller("ns", "01000000", True), Caller("ns", "02000000", True)
 ON = dict(file_merging="across_checkpoints", dead_writer_check_s=3600)
@@ -194,9 +194,9 @@ def test_records_are_kept_only_where_dead_writers_are_checked(tmp_path, monkeypa
 def test_a_second_round_with_a_higher_bound_raises_last_use(tmp_path):
     """Rounds may interleave (two nodes) or repeat after a half-way failure: a flush released
     at a lower bound gets the higher one."""
-    from dstl_ray.merging import FileMergingOptions
-    from dstl_ray.segment_files import FlushFiles
-    from dstl_ray.storage import LocalStorage
+    from dstl_ray.merging.pool import FileMergingOptions
+    from dstl_ray.merging.segments import FlushFiles
+    from dstl_ray.storage.local import LocalStorage
 
     ff = FlushFiles(LocalStorage(fsync=False), f"file://{tmp_path}/job", "segments/n",
                     FileMergingOptions("across_checkpoints", max_file_size=1 << 20,
@@ -290,7 +290,7 @@ def test_a_round_bounds_by_the_newest_checkpoint_the_node_saw(tmp_path, monkeypa
 
 
 def test_fenced_ray_jobs_are_bounded(monkeypatch):
-    from dstl_ray import dead_writers
+    from dstl_ray.node import dead_writers
 
     monkeypatch.setattr(dead_writers, "FENCED_MAX", 3)
     d = DeadWriters()
@@ -323,9 +323,9 @@ def test_a_retain_the_flushing_node_may_not_have_taken_fails_the_restore(monkeyp
     while the restored writer's checkpoints named them."""
     import ray
 
-    from dstl_ray.client import RayNodeTransport
     from dstl_ray.errors import NodeUnavailableError
-    from dstl_ray.handle import Segment
+    from dstl_ray.log.handle import Segment
+    from dstl_ray.transport.ray import RayNodeTransport
 
     t = object.__new__(RayNodeTransport)
     t.namespace, t.job_id, t._caller = "ns", "J", None
@@ -374,8 +374,8 @@ def test_a_new_drivers_calls_share_one_job_table_look_up(tmp_path, monkeypatch):
 def test_a_fenced_drivers_forwarded_requests_are_refused(tmp_path, monkeypatch):
     """A parent that missed the round's fence (restarted since) looks the forwarded
     request's driver up too: its sections would never be released."""
-    from dstl_ray.format import Changeset, encode_section
-    from dstl_ray.messages import PersistRequest
+    from dstl_ray.format.changelog import Changeset, encode_section
+    from dstl_ray.transport.base import PersistRequest
 
     node = ChangelogNode("n0", "root", f"file://{tmp_path}", ChangelogConfig(**ON))
     monkeypatch.setattr(node_mod, "dead_ray_job_ids", lambda ids: {DEAD.ray_job} & set(ids))

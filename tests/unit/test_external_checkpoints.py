@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 import dstl_ray as d
-from dstl_ray.deleter import flush_deletes
-from dstl_ray.storage import get_storage
+from dstl_ray.checkpoint.recovery import assign_sources
+from dstl_ray.storage.deleter import flush_deletes
+from dstl_ray.storage.registry import get_storage
 
 from .ckpt_util import MAXP, client
 
@@ -28,7 +29,7 @@ def _retained_files(coord) -> set[str]:
 
 
 def _backend(base, restore=None):
-    sources = d.recovery.assign_sources(restore, "op", 1)[0] if restore else []
+    sources = assign_sources(restore, "op", 1)[0] if restore else []
     return d.ChangelogKeyedStateBackend(client(JOB, base), "op", d.KeyGroupRange(0, MAXP - 1),
                                         MAXP, restore=sources, materialization_interval=None)
 

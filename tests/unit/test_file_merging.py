@@ -11,9 +11,9 @@ import time
 import pytest
 
 import dstl_ray as d
-from dstl_ray.deleter import flush_deletes
-from dstl_ray.merging import FileMergingOptions
-from dstl_ray.recovery import restore_backends
+from dstl_ray.checkpoint.recovery import restore_backends
+from dstl_ray.merging.pool import FileMergingOptions
+from dstl_ray.storage.deleter import flush_deletes
 
 from .ckpt_util import MAXP, Oracle, client, dump_all
 

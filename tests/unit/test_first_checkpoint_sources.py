@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from dstl_ray import ChangelogConfig
-from dstl_ray.namespaces import Caller
 from dstl_ray.node import ChangelogNode
+from dstl_ray.node.namespaces import Caller
 
 C = Caller("ns")
 

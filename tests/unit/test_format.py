@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstl_ray.errors import FormatError
-from dstl_ray.format import (
+from dstl_ray.format.changelog import (
     Changeset,
     assemble_file,
     decode_file,
@@ -134,7 +134,7 @@ def test_unknown_version_is_refused():
     data, _ = assemble_file([sec])
     import struct
 
-    from dstl_ray.format import crc32c
+    from dstl_ray.format.changelog import crc32c
     head = struct.pack("<4sHHI", b"DSTL", 99, 0, 0)
     forged = head + struct.pack("<I", crc32c(head)) + data[16:]
     with pytest.raises(FormatError, match="unsupported format version 99"):

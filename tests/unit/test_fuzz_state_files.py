@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstl_ray.errors import DstlError, FormatError, StateError
+from dstl_ray.format.materialized import MaterializedHandle, encode_file, read_sections
 from dstl_ray.keygroups import KeyGroupRange
-from dstl_ray.materialization import MaterializedHandle, encode_file, read_sections
-from dstl_ray.state import (
+from dstl_ray.state.records import (
     MAX_DEPTH,
     Op,
     StateKind,
@@ -265,7 +265,7 @@ def test_damaged_materialized_files_decode_equal_or_raise(tables, kgr, data):
 def test_materialized_header_of_another_version_is_refused():
     data, sections = encode_file([{0: {b"k": b"v"}}, {}, {}], STATES, KeyGroupRange(0, 7))
     head = struct.pack("<4sHH", b"DSTM", 2, 0)
-    from dstl_ray.format import crc32c
+    from dstl_ray.format.changelog import crc32c
 
     forged = head + struct.pack("<I", crc32c(head)) + data[12:]
     with pytest.raises(FormatError, match="version 2"):

@@ -18,7 +18,8 @@ from dstl_ray import (
     StateChangelogClient,
     StateChangelogHandle,
 )
-from dstl_ray.storage import get_storage, join
+from dstl_ray.storage.base import join
+from dstl_ray.storage.registry import get_storage
 
 
 def _handle(**kw):

@@ -10,14 +10,14 @@ import uuid
 import pytest
 
 from dstl_ray import ChangelogConfig, ConfigError, HedgePolicy, StorageError, Uploader
-from dstl_ray.storage import get_storage, s3_options, storage_for
+from dstl_ray.storage.registry import get_storage, s3_options, storage_for
 from dstl_ray.testing.faults import (
     FLIP158_QUANTILES_MS,
     FaultSpec,
     FaultyStorage,
     LatencyDistribution,
 )
-from dstl_ray.upload import attempt_path
+from dstl_ray.upload.uploader import attempt_path
 
 
 def _base() -> str:

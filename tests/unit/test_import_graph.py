@@ -99,7 +99,7 @@ def test_topology_depends_on_the_node_never_the_reverse():
     assert not [(m, d) for m, deps in graph.items() if m.startswith("dstl_ray.node")
                 for d in deps if d.startswith(("topology", "spark_glue"))]
     assert not [(m, d) for m, deps in graph.items()
-                if m.startswith("dstl_ray") and not m.startswith("dstl_ray.cli")
+                if m.startswith("dstl_ray") and not m.startswith("dstl_ray.cli.main")
                 for d in deps if d.startswith("spark_glue")]
 
 

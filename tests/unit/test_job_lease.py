@@ -12,9 +12,9 @@ import time
 import pytest
 
 import dstl_ray as d
+from dstl_ray.checkpoint.lease import JobLease
 from dstl_ray.errors import JobLeaseError
-from dstl_ray.lease import JobLease
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.registry import get_storage
 
 from .ckpt_util import MAXP, client
 
@@ -63,7 +63,7 @@ def test_a_dead_drivers_lease_is_taken_over(tmp_path):
     assert after_crash.incarnation.epoch > crashed.lease.incarnation.epoch
     after_crash.shutdown()
     # a driver process that was killed (its pid is gone) on this host
-    code = ("import sys, time; from dstl_ray.lease import JobLease; "
+    code = ("import sys, time; from dstl_ray.checkpoint.lease import JobLease; "
             "JobLease(sys.argv[1]).acquire(renew=False); print('held', flush=True); "
             "time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, f"{base}/job"], stdout=subprocess.PIPE,

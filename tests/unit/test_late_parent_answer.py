@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from dstl_ray import ChangelogConfig
-from dstl_ray.format import EncodedSection
-from dstl_ray.handle import Segment
-from dstl_ray.messages import PersistRequest
+from dstl_ray.format.changelog import EncodedSection
+from dstl_ray.log.handle import Segment
 from dstl_ray.node import ChangelogNode
 from dstl_ray.node import routing as routing_mod
+from dstl_ray.transport.base import PersistRequest
 
 
 class _Ref:

@@ -1,9 +1,9 @@
-"""The job -> Ray namespace rule of node actors (dstl_ray.namespaces), as pure logic."""
+"""The job -> Ray namespace rule of node actors (dstl_ray.node.namespaces), as pure logic."""
 
 import pytest
 
 from dstl_ray import NamespaceError
-from dstl_ray.namespaces import Caller, JobNamespaces
+from dstl_ray.node.namespaces import Caller, JobNamespaces
 
 
 def test_first_caller_binds_the_job_and_others_are_refused():

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 import dstl_ray as d
+from dstl_ray.checkpoint.recovery import assign_sources
 from dstl_ray.errors import ConfigError, DstlError
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.registry import get_storage
 from spark_glue.operator import BatchHistory, BatchStats, KeyedStatefulOperator, is_replay
 
 JOB = "op-batches"
@@ -71,7 +72,7 @@ class Driver:
         self.runs: list[int] = []
 
     def _backend(self, restore: Any) -> d.ChangelogKeyedStateBackend:
-        sources = d.recovery.assign_sources(restore, "op", 1)[0] if restore else []
+        sources = assign_sources(restore, "op", 1)[0] if restore else []
         return d.ChangelogKeyedStateBackend(self.client, "op", d.KeyGroupRange(0, MAXP - 1),
                                             MAXP, restore=sources,
                                             materialization_interval=None)

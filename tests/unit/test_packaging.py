@@ -105,7 +105,7 @@ def test_the_wheel_metadata(wheel):
     plots = [r for r in requires if r.startswith("matplotlib")]
     assert plots and all("extra ==" in r for r in plots), plots
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
-    assert "dstl-ray = dstl_ray.cli:main" in wheel.read(entry_points).decode()
+    assert "dstl-ray = dstl_ray.cli.main:main" in wheel.read(entry_points).decode()
 
 
 def _module_level_imports(path: Path) -> set[str]:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_ray import SharedStateRegistry
-from dstl_ray.deleter import Deleter
+from dstl_ray.storage.deleter import Deleter
 
 NAMES = [f"f{i}" for i in range(6)]
 ops = st.lists(st.one_of(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dstl_ray import ConfigError, DirectTransport, KeyGroupRange, StateChangelogClient
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.registry import get_storage
 
 ROOT = Path(__file__).resolve().parents[2]
 

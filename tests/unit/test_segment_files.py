@@ -1,4 +1,4 @@
-"""A node's merged changelog files (dstl_ray.segment_files) on real files: a flush is freed
+"""A node's merged changelog files (dstl_ray.merging.segments) on real files: a flush is freed
 only when every section in it was released and no retained checkpoint can name it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dstl_ray.merging import FileMergingOptions
-from dstl_ray.segment_files import FlushFiles
-from dstl_ray.storage import LocalStorage
+from dstl_ray.merging.pool import FileMergingOptions
+from dstl_ray.merging.segments import FlushFiles
+from dstl_ray.storage.local import LocalStorage
 
 OPTS = FileMergingOptions("across_checkpoints", max_file_size=1 << 20,
                           max_space_amplification=1e6)
@@ -98,7 +98,7 @@ def test_a_dead_writers_flush_landing_later_is_released_as_it_lands(tmp_path):
 
 
 def test_a_dead_writer_with_an_unknown_use_is_never_freed_by_watermark(tmp_path):
-    from dstl_ray.merging import UNKNOWN_USE
+    from dstl_ray.merging.pool import UNKNOWN_USE
 
     ff = _files(tmp_path)
     rel, _ = ff.append(b"x" * 30, [("dead", 0)])

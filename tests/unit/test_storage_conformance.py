@@ -7,7 +7,9 @@ import uuid
 
 import pytest
 
-from dstl_ray.storage import FsspecStorage, LocalStorage, get_storage
+from dstl_ray.storage.fsspec import FsspecStorage
+from dstl_ray.storage.local import LocalStorage
+from dstl_ray.storage.registry import get_storage
 from dstl_ray.testing.faults import FaultSpec, FaultyStorage
 from dstl_ray.testing.storage_suite import StorageSuite
 

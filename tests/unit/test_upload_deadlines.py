@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 from dstl_ray import ChangelogConfig, StorageError, Uploader
-from dstl_ray.deleter import Deleter
-from dstl_ray.storage import get_storage
-from dstl_ray.upload import attempt_path
+from dstl_ray.storage.deleter import Deleter
+from dstl_ray.storage.registry import get_storage
+from dstl_ray.upload.uploader import attempt_path
 
 
 class GateStorage:

@@ -18,7 +18,7 @@ from dstl_ray import (
     StateChangelogClient,
     WriterClosedError,
 )
-from dstl_ray.storage import get_storage
+from dstl_ray.storage.registry import get_storage
 
 
 def make(config: ChangelogConfig | None = None, transport_cls=DirectTransport):
@@ -193,7 +193,7 @@ def test_writers_are_isolated():
 def test_requests_carry_the_newest_checkpoint_the_log_made_a_handle_for():
     """``named`` tells a node how far a dead writer's sections may be named: the newest
     checkpoint id, and unknown for good once a handle was made without one."""
-    from dstl_ray.merging import UNKNOWN_USE
+    from dstl_ray.merging.pool import UNKNOWN_USE
 
     sent = []
 

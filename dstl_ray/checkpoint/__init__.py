@@ -1,0 +1,2 @@
+"""Checkpoints: the coordinator, snapshots and metadata, the shared-state registry,
+recovery, and the job lease."""

@@ -1,0 +1,397 @@
+"""``CheckpointCoordinator``: triggers checkpoints and savepoints, writes their metadata,
+retains the last K, subsumes older ones and drives recovery (docs/architecture.md "Checkpoint lifecycle";
+Flink's retained checkpoints and restore modes; FLINK-5053 savepoints).
+
+A checkpoint is complete only when every backend's snapshot is durable and
+``{base}/{job}/chk-{n}/_metadata`` is written atomically; any failure declines it. Several
+checkpoints may be pending at once.
+
+Deadlines and order (Flink's ``execution.checkpointing.timeout`` and its completion rules): a
+checkpoint has ONE deadline, ``checkpoint_timeout_s`` from its trigger, for all its backends
+together; when it passes before every snapshot is in, the checkpoint is declined. Each pending
+checkpoint waits on its own, so a hung one never holds up later ones. Completed checkpoints
+still form a rising sequence: when checkpoint n completes, every pending checkpoint older
+than n is declined as subsumed (it could only complete into the past), and an older one that
+is ready after a newer one completed is declined, never written.
+
+The class keeps the job's lists (backends, pending and retained checkpoints) and delegates
+whole concerns: how a pending checkpoint waits (:func:`await_snapshots`), which checkpoint a
+restore uses and what it keeps (:func:`plan_restore`), savepoints (:func:`start_savepoint`)
+and the directory claims of FLIP-306 (:func:`claim_checkpoint_dirs` and its siblings).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import threading
+import time
+from typing import Any
+
+from ..errors import CheckpointDeclinedError, DstlError
+from ..state.backend import ChangelogKeyedStateBackend
+from ..storage.base import join, normalize_url
+from ..storage.registry import get_storage
+from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, release_backend_dir
+from .lease import Incarnation, JobLease
+from .pending import (
+    DEFAULT_CHECKPOINT_TIMEOUT_S,
+    PendingCheckpoint,
+    abort_older,
+    await_snapshots,
+    checkpoint_timeout,
+    snapshot_names,
+    start_snapshots,
+)
+from .recovery import CompletedCheckpoint, restore_backends
+from .registry import SharedStateRegistry
+from .restore import RestoreMode, load_retained, materialize_now, plan_restore, settle_files
+from .savepoint import start_savepoint
+from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
+
+__all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
+    "DEFAULT_CHECKPOINT_TIMEOUT_S",
+    "CheckpointCoordinator",
+    "CheckpointRetention",
+    "PendingCheckpoint",
+    "RestoreMode",
+]
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointRetention(enum.StrEnum):
+    """Flink's ExternalizedCheckpointCleanup: what cancelling the job does to checkpoints."""
+
+    RETAIN_ON_CANCELLATION = "retain_on_cancellation"
+    DELETE_ON_CANCELLATION = "delete_on_cancellation"
+
+
+class CheckpointCoordinator:
+    """Checkpoints of one job: ``{base}/{job}/chk-{n}/_metadata`` plus shared state files."""
+
+    def __init__(self, job_id: str, base_path: str, *, max_parallelism: int = 128,
+                 retained: int = 1,
+                 retention: CheckpointRetention = CheckpointRetention.RETAIN_ON_CANCELLATION,
+                 max_concurrent: int = 4, registry: SharedStateRegistry | None = None,
+                 checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S,
+                 lease_ttl_s: float = 30.0) -> None:
+        if retained < 1 or max_concurrent < 1:
+            raise ValueError("retained and max_concurrent must be >= 1")
+        self.checkpoint_timeout_s = checkpoint_timeout(checkpoint_timeout_s)
+        self.job_id = job_id
+        self.base_path = normalize_url(base_path)
+        self.job_path = join(self.base_path, job_id)
+        self.max_parallelism = max_parallelism
+        self.retained_count = retained
+        self.retention = CheckpointRetention(retention)
+        self.max_concurrent = max_concurrent
+        self.storage = get_storage(self.job_path)
+        self.registry = registry or SharedStateRegistry(list_files=self.storage.list_files)
+        self.backends: list[ChangelogKeyedStateBackend] = []
+        self._lock = threading.Lock()
+        self._retained: list[CompletedCheckpoint] = []
+        self._pending: dict[int, PendingCheckpoint] = {}
+        self._in_progress: set[int] = set()  # checkpoint ids triggered and not yet finished
+        self._next_id = 1
+        # one thread per pending checkpoint waits for its snapshots (declines need no wait);
+        # metadata writes and the retained list change one checkpoint at a time
+        self._finisher = concurrent.futures.ThreadPoolExecutor(
+            max_concurrent + 2, thread_name_prefix="dstl-cc")
+        self._commit_lock = threading.Lock()
+        # one live driver per job; taken when the job starts (restore, first checkpoint)
+        self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage)
+        self.declined = 0
+
+    # ------------------------------------------------------------------ incarnation
+
+    @property
+    def incarnation(self) -> Incarnation:
+        """This run of the job (:mod:`dstl_ray.checkpoint.lease`); taking it holds the job's lease."""
+        with self._lock:
+            if self.lease.incarnation is None:
+                inc = self.lease.acquire()
+                self.registry.guard = self.lease.check  # a fenced driver deletes nothing
+                claim_node_dirs(self.registry, self.job_path, inc)
+            return self.lease.incarnation  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ backends
+
+    def register_backend(self, backend: ChangelogKeyedStateBackend) -> None:
+        backend.set_incarnation(str(self.incarnation))
+        backend.attach_registry(self.registry)
+        claim_backend_dir(self.registry, backend)
+        with self._lock:
+            self.backends.append(backend)
+
+    def unregister_backend(self, backend: ChangelogKeyedStateBackend) -> None:
+        with self._lock:
+            self.backends.remove(backend)
+        release_backend_dir(self.registry, backend)
+
+    def subsumed_watermark(self) -> int:
+        """The newest checkpoint id up to which every checkpoint is subsumed or declined:
+        nothing at or below it is retained or in progress, and no checkpoint this
+        coordinator may still complete has an id at or below it (FLIP-306 4.4). With
+        nothing retained, :meth:`complete_checkpoint` accepts any id (a Spark query starts
+        at batch 0, a replayed batch restarts at its own id), so the watermark is -1."""
+        with self._lock:
+            ids = [c.checkpoint_id for c in self._retained] + list(self._in_progress)
+            return min(ids) - 1 if ids else -1
+
+    def _notify_subsumed(self) -> None:
+        """Tell every backend the watermark (each call carries all earlier ones)."""
+        wm = self.subsumed_watermark()
+        with self._lock:
+            backends = list(self.backends)
+        for b in backends:
+            try:
+                b.notify_checkpoint_subsumed(wm)
+            except DstlError as e:
+                log.warning("subsume notification to %s failed: %s", b.operator_id, e)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def completed_checkpoints(self) -> list[CompletedCheckpoint]:
+        """Retained checkpoints, oldest first."""
+        with self._lock:
+            return list(self._retained)
+
+    def latest_checkpoint(self) -> CompletedCheckpoint | None:
+        with self._lock:
+            return self._retained[-1] if self._retained else None
+
+    def _new_id(self) -> int:
+        n = self._next_id
+        self._next_id += 1
+        return n
+
+    def trigger_checkpoint(self) -> PendingCheckpoint:
+        """Checkpoint n: every backend's snapshot, then the metadata file (asynchronously).
+        Declined if the snapshots are not all in ``checkpoint_timeout_s`` after now."""
+        self.incarnation  # noqa: B018 - the job's lease, before anything is written
+        deadline = time.monotonic() + self.checkpoint_timeout_s
+        with self._lock:
+            n = self._new_id()
+            self._in_progress.add(n)
+            backends = list(self.backends)
+            pending = len(self._pending)
+        self.registry.checkpoint_started(n)
+        futures, error = start_snapshots(n, backends, pending, self.max_concurrent)
+        abort: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:  # registered before it can finish: _forget must find it
+            pc = PendingCheckpoint(n, self._finisher.submit(
+                self._finish, n, futures, error, deadline, abort, snapshot_names(backends)),
+                abort, futures)
+            self._pending[n] = pc
+        pc.future.add_done_callback(lambda _f: self._forget(n))
+        return pc
+
+    def _forget(self, n: int) -> None:
+        with self._lock:
+            self._pending.pop(n, None)
+            self._in_progress.discard(n)
+        self._notify_subsumed()
+
+    def _finish(self, n: int, futures: list[concurrent.futures.Future],
+                error: BaseException | None, deadline: float,
+                abort: concurrent.futures.Future, names: list[str]) -> CompletedCheckpoint:
+        """Wait for checkpoint ``n``'s snapshots until its deadline (:func:`await_snapshots`:
+        older checkpoints that are ready finish first), then commit or decline it."""
+        snaps, error = await_snapshots(n, futures, names, error, deadline, abort,
+                                       self.checkpoint_timeout_s, lambda: self._older_ready(n))
+        return self._commit(n, snaps, error)
+
+    def _older_ready(self, n: int) -> list[concurrent.futures.Future]:
+        """Futures of the pending checkpoints older than ``n`` whose snapshots are all in."""
+        with self._lock:
+            return [p.future for m, p in self._pending.items()
+                    if m < n and p.ready() and not p.future.done()]
+
+    def _commit(self, n: int, snaps: list[KeyedStateSnapshot], error: BaseException | None
+                ) -> CompletedCheckpoint:
+        with self._commit_lock:  # one metadata write and retained-list change at a time
+            return self._commit_locked(n, snaps, error)
+
+    def _commit_locked(self, n: int, snaps: list[KeyedStateSnapshot],
+                       error: BaseException | None) -> CompletedCheckpoint:
+        url = join(self.job_path, f"chk-{n}", METADATA_FILE)
+        meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
+                                  tuple(snaps))
+        files = meta.files(url)
+        self.registry.register(n, files)  # so a declined checkpoint's files get cleaned
+        try:
+            if error is not None:
+                raise error
+            self.lease.check()  # a fenced driver never writes metadata
+            with self._lock:
+                newest = self._retained[-1].checkpoint_id if self._retained else -1
+            if newest > n:  # completed checkpoints only ever rise
+                raise CheckpointDeclinedError(f"checkpoint {n} subsumed: checkpoint {newest} "
+                                              f"completed first")
+            text = meta.to_json().encode()
+            self.storage.write_file(url, text)
+        except BaseException as e:  # noqa: BLE001
+            self.declined += 1
+            self.registry.release(n)
+            log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
+            raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
+                                          f"{type(e).__name__}: {e}") from e
+        cc = CompletedCheckpoint(n, url, meta, files, len(text))
+        claim_checkpoint_dirs(self.registry, self.job_path, snaps)
+        with self._lock:
+            self._retained.append(cc)
+            subsumed = self._retained[:-self.retained_count]
+            self._retained = self._retained[-self.retained_count:]
+            older = [p for m, p in self._pending.items() if m < n]
+        self.registry.checkpoint_finished(n)
+        abort_older(older, n)  # Flink: completing n aborts the pending checkpoints before it
+        for old in subsumed:
+            self._discard(old)
+        return cc
+
+    def complete_checkpoint(self, checkpoint_id: int, snapshots: list[KeyedStateSnapshot]
+                            ) -> CompletedCheckpoint:
+        """Complete checkpoint ``checkpoint_id`` from snapshots taken elsewhere (backends in
+        other processes, e.g. Spark tasks; the id is the micro-batch id). It must be newer
+        than every retained checkpoint: see :meth:`drop_checkpoints_from` for a replay."""
+        self.incarnation  # noqa: B018 - the job's lease, before anything is written
+        with self._lock:
+            newest = self._retained[-1].checkpoint_id if self._retained else -1
+            if checkpoint_id <= newest or checkpoint_id in self._pending:
+                raise CheckpointDeclinedError(
+                    f"checkpoint {checkpoint_id} of job {self.job_id}: checkpoint {newest} is "
+                    f"already complete (ids must grow)")
+            self._next_id = max(self._next_id, checkpoint_id + 1)
+            self._in_progress.add(checkpoint_id)
+        self.registry.checkpoint_started(checkpoint_id)
+        try:
+            return self._finisher.submit(self._commit, checkpoint_id, list(snapshots),
+                                         None).result()
+        finally:
+            with self._lock:
+                self._in_progress.discard(checkpoint_id)
+
+    def drop_checkpoints_from(self, checkpoint_id: int) -> list[int]:
+        """Forget retained checkpoints with id >= ``checkpoint_id`` (their metadata first,
+        then their references), so a replayed micro-batch can complete them anew from the
+        older state; returns the dropped ids."""
+        with self._lock:
+            gone = [c for c in self._retained if c.checkpoint_id >= checkpoint_id]
+            self._retained = [c for c in self._retained if c.checkpoint_id < checkpoint_id]
+        for cc in reversed(gone):
+            self._discard(cc)
+        self._notify_subsumed()
+        return [c.checkpoint_id for c in gone]
+
+    def _discard(self, cc: CompletedCheckpoint) -> None:
+        """Subsume: delete the metadata first (never a metadata naming deleted files), then
+        drop its references (the registry deletes what nobody else uses). A fenced driver
+        deletes nothing: the job is another driver's now."""
+        try:
+            self.lease.check()
+        except DstlError as e:  # fenced, or unsure: the next recovery's cleanup gets it
+            log.warning("not discarding checkpoint %d: %s", cc.checkpoint_id, e)
+            return
+        try:
+            get_storage(cc.metadata_url).delete(cc.metadata_url)
+        except DstlError as e:
+            log.warning("cannot delete %s: %s", cc.metadata_url, e)
+        self.registry.release(cc.checkpoint_id)
+
+    # ------------------------------------------------------------------ savepoints
+
+    def trigger_savepoint(self) -> concurrent.futures.Future[CompletedCheckpoint]:
+        """A full, self-contained snapshot (FLINK-5053) in ``{job}/savepoint-{n}/``: no shared
+        files, restorable at any parallelism, never deleted by the coordinator."""
+        with self._lock:
+            n = self._new_id()
+            backends = list(self.backends)
+        return start_savepoint(self.job_id, n, join(self.job_path, f"savepoint-{n}"),
+                               backends, self.max_parallelism, self.storage)
+
+    # ------------------------------------------------------------------ recovery
+
+    def restore(self, client: Any, operator_id: str, parallelism: int, *,
+                checkpoint: str | None = None, mode: RestoreMode = RestoreMode.CLAIM,
+                fallback: bool = False, cleanup: bool = True, **backend_options: Any
+                ) -> list[ChangelogKeyedStateBackend]:
+        """Recover the job: load this job's retained checkpoints, restore ``parallelism``
+        backends of ``operator_id`` from ``checkpoint`` (a ``_metadata`` URL, possibly of
+        another job or a savepoint) or else the latest complete one, delete orphans, and
+        register the backends. With ``fallback`` a checkpoint whose files are missing or
+        corrupt is skipped for the next older retained one; otherwise the error names both."""
+        took = self.lease.incarnation is None
+        self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
+        try:
+            return self._restore(client, operator_id, parallelism, checkpoint, mode,
+                                 fallback, cleanup, backend_options)
+        except BaseException:
+            if took:  # the job did not start: the next driver need not wait
+                self.lease.release()
+                self.lease.incarnation = None  # a retry starts a new incarnation
+            raise
+
+    def _restore(self, client: Any, operator_id: str, parallelism: int,
+                 checkpoint: str | None, mode: RestoreMode, fallback: bool, cleanup: bool,
+                 backend_options: dict[str, Any]) -> list[ChangelogKeyedStateBackend]:
+        # the orphan cleanup considers only files that exist before anything of this run is
+        # written: restoring backends may write already (a rescale with file merging
+        # materializes each new subtask's own copy at once), and those files are live
+        before = self.storage.list_files(self.job_path) if cleanup else None
+        retained, broken = load_retained(self.job_path, self.storage)
+        with self._lock:
+            self._next_id = max([self._next_id, *[c.checkpoint_id + 1 for c in retained]])
+        backend_options.setdefault("incarnation", str(self.incarnation))
+        plan = plan_restore(retained, broken, checkpoint, mode, fallback, self.retained_count,
+                            lambda cc: restore_backends(client, cc, operator_id, parallelism,
+                                                        self.max_parallelism,
+                                                        **backend_options))
+        chosen = plan.chosen
+        for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
+            get_storage(c.metadata_url).delete(c.metadata_url)
+        with self._lock:
+            if plan.claim and chosen is not None:
+                self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
+            self._retained = sorted(plan.keep, key=lambda c: c.checkpoint_id)
+        settle_files(plan, self.registry, self.lease, self.job_path, self.storage, before)
+        if chosen is not None:
+            claim_checkpoint_dirs(self.registry, self.job_path, chosen.metadata.snapshots)
+        for b in plan.backends:
+            if plan.own:
+                b.take_over(plan.keep)
+            self.register_backend(b)
+        self._notify_subsumed()
+        if plan.foreign:  # the first checkpoint must not depend on foreign files
+            materialize_now(plan.backends)
+        return plan.backends
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self, cancel: bool = False, timeout: float = 60.0) -> None:
+        """Stop: wait for pending checkpoints, close the backends (FLIP-158 "Cleanup on
+        shutdown"), and on cancel with DELETE_ON_CANCELLATION delete every checkpoint."""
+        with self._lock:
+            pending = [p.future for p in self._pending.values()]
+        concurrent.futures.wait(pending, timeout=timeout)
+        for b in list(self.backends):
+            b.close()
+        with self._lock:
+            self.backends.clear()
+        delete = cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION
+        if delete:
+            with self._lock:
+                gone, self._retained = self._retained, []
+            for cc in gone:
+                self._discard(cc)
+        self.registry.flush(timeout)  # what shutting down freed is gone on return
+        self._finisher.shutdown(wait=True)
+        self.lease.release(delete=delete)
+
+    def abandon(self) -> None:
+        """Stop as a crashed driver would: nothing is closed, released or deleted, and the
+        job's lease is left to the next driver (the chaos harness and tests simulate a
+        driver's death with it)."""
+        self.lease.abandon()
+        self._finisher.shutdown(wait=False)

@@ -1,0 +1,248 @@
+"""The shared state registry (Flink's SharedStateRegistry; FLIP-158 "Cleanup").
+
+Reference counts are keyed by file name only (FLIP-158 "StateChangelog", point 4): several
+handles, of several backends and checkpoints, may refer to one changelog file. A file is
+deleted only when
+
+* no retained or pending checkpoint references it (per checkpoint, a file counts once),
+* no live backend pins it: changelog segments its writer may still put into the next handle
+  (sqn after the last materialization) and its current materialized state,
+* no checkpoint that was already pending when the count dropped to zero is still pending
+  (its handles may resolve later and name the file), and
+* it is not protected (files of a checkpoint restored in NO_CLAIM mode are never deleted),
+* it does not lie in a claimed directory: a subtask's directory of merged files (FLIP-306
+  4.3) belongs to the subtask while it lives or while the newest checkpoint names it; the
+  subtask deletes those files itself, by segment use and subsumed watermark. Once nobody
+  claims a directory (its subtask rescaled away), its files go by reference count here.
+
+Thread-safe. Deletes run outside the lock, on a background :class:`~dstl_ray.storage.deleter.Deleter`:
+pins change under a backend's lock and on a client's delivery thread, which a slow object
+store delete must not hold up (a file decided dead stays dead, so deleting it later is safe).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+
+from ..errors import DstlError
+from ..storage.deleter import Deleter, background_deleter
+from ..storage.registry import get_storage
+from .snapshot import file_name
+
+log = logging.getLogger(__name__)
+
+
+def _delete_url(url: str) -> None:
+    get_storage(url).delete(url)
+
+
+class SharedStateRegistry:
+    """Reference counts of shared state files, by file name."""
+
+    def __init__(self, delete: Callable[[str], None] = _delete_url,
+                 list_files: Callable[[str], list[str]] | None = None,
+                 deleter: Deleter | None = None) -> None:
+        """``delete`` deletes one URL; it runs on ``deleter`` (default: the process's
+        background deleter)."""
+        self._delete = delete
+        self._deleter = deleter
+        # lists a directory that nobody claims any more: its files the registry forgot
+        # (their owner was to delete them, and may have died first) become candidates
+        self._list_files = list_files
+        self._lock = threading.Lock()
+        self._refs: dict[str, int] = {}
+        self._urls: dict[str, str] = {}
+        self._by_checkpoint: dict[int, set[str]] = {}
+        self._pins: dict[str, set[str]] = {}
+        self._pending: set[int] = set()
+        self._last_started = 0
+        self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
+        self._protected: set[str] = set()
+        self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
+        # the most recent deletions (bounded: a long run deletes without end)
+        self.deleted: collections.deque[str] = collections.deque(maxlen=1000)
+        self.deleted_count = 0
+        # raises a DstlError when this registry may no longer delete (a fenced driver)
+        self.guard: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_started(self, checkpoint_id: int) -> None:
+        with self._lock:
+            self._pending.add(checkpoint_id)
+            self._last_started = max(self._last_started, checkpoint_id)
+
+    def register(self, checkpoint_id: int, files: Mapping[str, str]) -> None:
+        """Add ``files`` (name -> URL) to the references of ``checkpoint_id``."""
+        with self._lock:
+            names = self._by_checkpoint.setdefault(checkpoint_id, set())
+            for name, url in files.items():
+                self._urls.setdefault(name, url)
+                if name not in names:
+                    names.add(name)
+                    self._refs[name] = self._refs.get(name, 0) + 1
+                    self._candidates.pop(name, None)
+
+    def checkpoint_finished(self, checkpoint_id: int) -> None:
+        """``checkpoint_id`` completed or was declined: it is no longer pending."""
+        with self._lock:
+            self._pending.discard(checkpoint_id)
+        self.collect()
+
+    def release(self, checkpoint_id: int) -> None:
+        """Drop every reference of ``checkpoint_id`` (subsumed, declined or discarded)."""
+        with self._lock:
+            self._pending.discard(checkpoint_id)
+            for name in self._by_checkpoint.pop(checkpoint_id, set()):
+                self._refs[name] -= 1
+                if self._refs[name] == 0:
+                    del self._refs[name]
+                    self._maybe_candidate(name)
+        self.collect()
+
+    # ------------------------------------------------------------------ backend pins
+
+    def set_pins(self, owner: str, files: Mapping[str, str]) -> None:
+        """Replace the files ``owner`` (a live backend) may still reference."""
+        with self._lock:
+            old = self._pins.get(owner, set())
+            new = set(files)
+            for name, url in files.items():
+                self._urls.setdefault(name, url)
+                self._candidates.pop(name, None)
+            if new:
+                self._pins[owner] = new
+            else:
+                self._pins.pop(owner, None)
+            for name in old - new:
+                self._maybe_candidate(name)
+        self.collect()
+
+    def unpin_all(self, owner: str) -> None:
+        self.set_pins(owner, {})
+
+    def protect(self, names: Iterable[str]) -> None:
+        """Never delete ``names`` (files this job does not own, e.g. NO_CLAIM restore)."""
+        with self._lock:
+            self._protected.update(names)
+            for n in self._protected:
+                self._candidates.pop(n, None)
+
+    # ------------------------------------------------------------------ claimed directories
+
+    def set_claims(self, owner: str, directories: Iterable[str]) -> None:
+        """Replace the directories ``owner`` claims (URLs); files there are not ours to
+        delete. Files of directories no longer claimed become candidates if unreferenced.
+        A claimed file nothing references any more is forgotten: its owner deletes it (a
+        long run names ever new files). Should the owner die first, the directory is listed
+        once nobody claims it, and its unreferenced files go like any other (without a
+        lister, the orphan cleanup of the next recovery gets them)."""
+        with self._lock:
+            before = {p for ps in self._claims.values() for p in ps}
+            new = frozenset(d.rstrip("/") + "/" for d in directories)
+            if new:
+                self._claims[owner] = new
+            else:
+                self._claims.pop(owner, None)
+            released = before - {p for ps in self._claims.values() for p in ps}
+        listed = [u for p in sorted(released) if self._list_files is not None
+                  for u in self._listing(p)]
+        with self._lock:
+            for url in listed:  # files the registry forgot, of a directory nobody claims
+                self._urls.setdefault(file_name(url), url)
+            for name in list(self._urls):
+                if name in self._candidates:
+                    if self._claimed(name):
+                        del self._candidates[name]
+                else:
+                    self._maybe_candidate(name)
+        self.collect()
+
+    def _listing(self, prefix: str) -> list[str]:
+        assert self._list_files is not None
+        try:
+            return self._list_files(prefix.rstrip("/"))
+        except DstlError as e:  # the next recovery's orphan cleanup gets them
+            log.warning("cannot list %s: %s", prefix, e)
+            return []
+
+    def _claimed(self, name: str) -> bool:
+        url = self._urls.get(name)
+        return url is not None and any(url.startswith(p) for ps in self._claims.values()
+                                       for p in ps)
+
+    # ------------------------------------------------------------------ queries
+
+    def _pinned(self, name: str) -> bool:
+        return any(name in p for p in self._pins.values())
+
+    def _maybe_candidate(self, name: str) -> None:
+        if (name not in self._refs and not self._pinned(name)
+                and name not in self._protected and name in self._urls):
+            if not self._claimed(name):
+                self._candidates[name] = self._last_started
+            else:
+                del self._urls[name]  # its owner deletes it; nothing here needs the name
+
+    def size(self) -> dict[str, int]:
+        """Sizes of its tables (a long run must not grow them without bound)."""
+        with self._lock:
+            return {"refs": len(self._refs), "urls": len(self._urls),
+                    "checkpoints": len(self._by_checkpoint),
+                    "pins": sum(len(p) for p in self._pins.values()),
+                    "pending": len(self._pending), "candidates": len(self._candidates),
+                    "protected": len(self._protected), "claims": len(self._claims),
+                    "deleted": len(self.deleted)}
+
+    def reference_count(self, name: str) -> int:
+        with self._lock:
+            return self._refs.get(name, 0)
+
+    def referenced(self) -> dict[str, str]:
+        """Name -> URL of every file a checkpoint references or a backend pins."""
+        with self._lock:
+            names = set(self._refs).union(*self._pins.values()) if self._pins else set(
+                self._refs)
+            return {n: self._urls[n] for n in names}
+
+    def checkpoint_files(self, checkpoint_id: int) -> set[str]:
+        with self._lock:
+            return set(self._by_checkpoint.get(checkpoint_id, set()))
+
+    # ------------------------------------------------------------------ deletion
+
+    def flush(self, timeout: float | None = 60.0) -> bool:
+        """Wait for the deletes handed over so far (close paths, tests)."""
+        return (self._deleter or background_deleter()).flush(timeout)
+
+    def collect(self) -> list[str]:
+        """Delete every candidate no pending checkpoint can still name (in the background);
+        returns their URLs."""
+        if self.guard is not None:
+            try:
+                self.guard()
+            except DstlError as e:
+                log.warning("not deleting unreferenced files: %s", e)
+                return []
+        with self._lock:
+            oldest_pending = min(self._pending) if self._pending else None
+            due = [n for n, epoch in self._candidates.items()
+                   if oldest_pending is None or oldest_pending > epoch]
+            urls = []
+            for n in due:
+                del self._candidates[n]
+                if n in self._refs or self._pinned(n) or n in self._protected:
+                    continue
+                if self._claimed(n):  # its subtask deletes it
+                    continue
+                urls.append(self._urls.pop(n))
+        deleter = self._deleter or background_deleter()
+        for url in urls:  # a failed or lost delete: orphan cleanup after recovery gets it
+            deleter.submit(lambda url=url: self._delete(url), f"unreferenced state file {url}")
+        with self._lock:
+            self.deleted.extend(urls)
+            self.deleted_count += len(urls)
+        return urls

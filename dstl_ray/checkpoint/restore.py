@@ -1,0 +1,151 @@
+"""Restore planning: which checkpoint a recovering job restores its backends from, and which
+checkpoints it retains afterwards (FLIP-158 "Recovery and rescaling"; Flink's restore modes
+CLAIM and NO_CLAIM; docs/architecture.md "Checkpoint lifecycle").
+
+The job's own retained checkpoints are candidates newest first; with ``fallback`` one whose
+files are missing or corrupt is skipped for the next older one. A checkpoint named
+explicitly may be another job's or a savepoint: in CLAIM mode the job takes it over (it is
+retained, and deleted once subsumed); in NO_CLAIM mode, and always for a savepoint, its files
+stay foreign: protected, and materialized away before the first checkpoint.
+
+The coordinator applies the plan: it keeps its retained list, and hands the files to
+:func:`settle_files` (references, protection, orphan cleanup) and the backends to its own
+bookkeeping.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import RestoreError
+from ..state.backend import ChangelogKeyedStateBackend
+from ..storage.base import Storage
+from .lease import JobLease
+from .recovery import CompletedCheckpoint, cleanup_orphans, list_checkpoints, load_checkpoint
+from .registry import SharedStateRegistry
+
+log = logging.getLogger(__name__)
+
+
+class RestoreMode(enum.StrEnum):
+    """CLAIM: the new job owns the restored checkpoint's files (deletes them once subsumed).
+    NO_CLAIM: it never deletes them and materializes first, so no checkpoint depends on them."""
+
+    CLAIM = "claim"
+    NO_CLAIM = "no_claim"
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """The outcome of :func:`plan_restore`: the restored backends and the checkpoints kept."""
+
+    backends: list[ChangelogKeyedStateBackend]
+    chosen: CompletedCheckpoint | None  # restored from (None: the job starts empty)
+    own: bool  # candidates were the job's own retained checkpoints
+    claim: bool  # a foreign checkpoint restored in CLAIM mode: the job owns its files now
+    keep: list[CompletedCheckpoint]  # retained from now on (not sorted)
+    drop: list[CompletedCheckpoint]  # retained ones newer than ``chosen``: broken
+
+    @property
+    def foreign(self) -> bool:
+        """Restored from files the job does not own (NO_CLAIM, or a savepoint): they are
+        never deleted, and the first checkpoint must not depend on them."""
+        return self.chosen is not None and not self.own and not self.claim
+
+    def live_urls(self) -> set[str]:
+        """Every file the kept checkpoints use, and their metadata: not orphans."""
+        return {u for c in self.keep for u in c.files.values()} | {
+            c.metadata_url for c in self.keep}
+
+
+def load_retained(job_path: str, storage: Storage
+                  ) -> tuple[list[CompletedCheckpoint], list[tuple[str, RestoreError]]]:
+    """The job's checkpoints that load, oldest first, and the metadata URLs of those that do
+    not, with why."""
+    retained: list[CompletedCheckpoint] = []
+    broken: list[tuple[str, RestoreError]] = []
+    for _cid, url in list_checkpoints(job_path, storage):
+        try:
+            retained.append(load_checkpoint(url, storage))
+        except RestoreError as e:
+            broken.append((url, e))
+    return retained, broken
+
+
+def plan_restore(retained: list[CompletedCheckpoint], broken: list[tuple[str, RestoreError]],
+                 checkpoint: str | None, mode: RestoreMode, fallback: bool, retained_count: int,
+                 restore: Callable[[CompletedCheckpoint | None],
+                                   list[ChangelogKeyedStateBackend]]) -> RestorePlan:
+    """Restore from ``checkpoint`` (a ``_metadata`` URL) or else the newest of ``retained``
+    with ``restore`` (it raises :class:`RestoreError` for a checkpoint it cannot restore),
+    falling back to older retained ones if ``fallback``; then decide what is kept.
+
+    Without ``checkpoint``, a broken checkpoint newer than every loaded one is an error
+    unless ``fallback``. With it, the job's older retained checkpoints are fallbacks only if
+    ``checkpoint`` is one of its own; a foreign one is the only candidate."""
+    if checkpoint is not None:
+        ext = load_checkpoint(checkpoint)
+        own = any(c.metadata_url == ext.metadata_url for c in retained)
+        candidates: list[CompletedCheckpoint | None] = [ext] + (
+            [c for c in reversed(retained) if c.checkpoint_id < ext.checkpoint_id]
+            if own else [])
+        external = None if own else ext
+    else:
+        own, external = True, None
+        newest_ok = max((c.checkpoint_id for c in retained), default=-1)
+        bad = [(u, e) for u, e in broken if int(u.rsplit("/", 2)[-2][4:]) > newest_ok]
+        if bad and not fallback:
+            raise bad[-1][1]
+        candidates = list(reversed(retained)) or [None]
+    chosen, backends = None, None
+    errors: list[RestoreError] = []
+    for cc in candidates:
+        try:
+            backends = restore(cc)
+            chosen = cc
+            break
+        except RestoreError as e:
+            errors.append(e)
+            if not fallback or not own:
+                raise
+            log.warning("falling back from %s: %s", cc.metadata_url if cc else None, e)
+    if backends is None:
+        raise errors[-1]
+    claim = external is not None and not own and mode is RestoreMode.CLAIM and not (
+        chosen is not None and chosen.is_savepoint)
+    # retained checkpoints newer than the chosen one are broken: they are dropped
+    keep = [c for c in retained if chosen is None or not own
+            or c.checkpoint_id <= chosen.checkpoint_id]
+    drop = [c for c in retained if c not in keep]
+    if claim and chosen is not None:
+        keep.append(chosen)
+    keep = keep[-retained_count:] if not claim else keep
+    return RestorePlan(backends, chosen, own, claim, keep, drop)
+
+
+def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLease,
+                 job_path: str, storage: Storage, before: list[str] | None) -> None:
+    """The files side of a restore: the kept checkpoints reference their files, foreign
+    files are protected, and, given ``before`` (a listing of the job directory taken before
+    the restore wrote anything), every file in it that nothing kept uses is deleted as an
+    orphan (FLIP-158 "Cleanup after recovery"), by the lease's holder only."""
+    for c in plan.keep:
+        registry.register(c.checkpoint_id, c.files)
+    if plan.foreign and plan.chosen is not None:
+        registry.protect(plan.chosen.files)
+    if before is not None:
+        keep_urls = plan.live_urls() | {lease.url}
+        lease.check(force=True)  # read it again: only the holder deletes orphans
+        cleanup_orphans(job_path, keep_urls, storage, candidates=before)
+
+
+def materialize_now(backends: list[ChangelogKeyedStateBackend]) -> None:
+    """Materialize every backend at once and wait: after a NO_CLAIM or savepoint restore
+    the first checkpoint must not depend on the foreign files."""
+    for b in backends:
+        f = b.materialize(force=True)
+        if f is not None:
+            f.result(timeout=300)

@@ -1,0 +1,237 @@
+"""Backend snapshots and checkpoint metadata (FLIP-158 "Performing a checkpoint").
+
+The snapshot of one backend is an ordered list of components: the materialized state (or,
+before the first materialization after a restore, the components it was restored from) and
+the changelog handle for the changes after the last materialized sqn. Restore applies them in
+order, each filtered to the new key group range.
+
+Checkpoint metadata (``{base}/{job}/chk-{n}/_metadata``) is versioned JSON, never pickle. Files
+are named by paths relative to a job directory (``job``) under the base path, or relative to
+the metadata's own directory (``job: null``, self-contained savepoints); every path is
+validated on read so a metadata file cannot steer reads or deletes outside the base path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import HandleError
+from ..format.materialized import (
+    SHARED_DIR,
+    MaterializedHandle,
+    StatesSpec,
+    parse_job,
+    parse_states,
+    read_sections,
+)
+from ..keygroups import KeyGroupRange
+from ..log.handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
+from ..storage.base import Storage, join, normalize_url
+from ..storage.registry import get_storage
+
+METADATA_VERSION = 1
+METADATA_FILE = "_metadata"
+MAX_CHECKPOINT_ID = (1 << 63) - 1  # a Flink long
+
+
+def file_name(url: str) -> str:
+    """The shared state registry key: the file name only (FLIP-158 "StateChangelog", 4)."""
+    return url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class ChangelogComponent:
+    """Changes of one log after its backend's last materialization."""
+
+    job: str
+    states: StatesSpec
+    handle: StateChangelogHandle
+    restrict: KeyGroupRange | None = None  # only these key groups count (after a rescale)
+
+    @property
+    def key_group_range(self) -> KeyGroupRange:
+        return self.restrict or self.handle.key_group_range
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"type": "changelog", "job": self.job, "states": [list(s) for s in self.states],
+             "handle": self.handle.to_dict()}
+        if self.restrict is not None:
+            d["restrict"] = self.restrict.to_json()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], base_path: str) -> ChangelogComponent:
+        job = parse_job(d.get("job"))
+        if job is None:
+            raise HandleError("a changelog component must name its job directory")
+        handle = StateChangelogHandle.from_dict(d.get("handle"),
+                                                expected_job_path=join(base_path, job))
+        restrict = d.get("restrict")
+        kgr = KeyGroupRange.from_json(restrict) if restrict is not None else None
+        if kgr is not None and kgr.intersect(handle.key_group_range) != kgr:
+            raise HandleError(f"changelog component restricted to {kgr.start}..{kgr.end}, "
+                              f"outside its handle's key groups")
+        return cls(job, parse_states(d.get("states")), handle, kgr)
+
+
+Component = MaterializedHandle | ChangelogComponent
+
+
+def component_files(c: Component, base_path: str, own_dir: str) -> dict[str, str]:
+    """File name -> URL of every file ``c`` refers to."""
+    if isinstance(c, MaterializedHandle):
+        url = c.url(base_path, own_dir)
+        return {file_name(url): url}
+    return {file_name(u): u for u in c.handle.file_paths()}
+
+
+def component_changes(c: Component, base_path: str, own_dir: str, key_groups: KeyGroupRange,
+                      storage: Storage | None = None
+                      ) -> Iterator[tuple[int, Iterable[bytes]]]:
+    """(key group, change records) of ``c`` within ``key_groups``, read from its files: the
+    reading half of a restore (FLIP-158 "Recovery and rescaling"), shared by the backend and
+    the fuzzers. ``storage`` defaults to the one of each file's URL."""
+    if isinstance(c, MaterializedHandle):
+        url = c.url(base_path, own_dir)
+        yield from read_sections(storage or get_storage(url), url, c, key_groups)
+    else:
+        yield from c.handle.read_all(storage, key_groups=key_groups).items()
+
+
+def restricted(c: Component, key_groups: KeyGroupRange) -> Component:
+    """``c`` limited to ``key_groups`` (which must lie within its range)."""
+    if c.key_group_range == key_groups:
+        return c
+    if isinstance(c, MaterializedHandle):
+        return dataclasses.replace(c, key_group_range=key_groups, sections=tuple(
+            s for s in c.sections if s[0] in key_groups))
+    return dataclasses.replace(c, restrict=key_groups)
+
+
+def component_from_dict(d: object, base_path: str) -> Component:
+    if not isinstance(d, dict):
+        raise HandleError(f"component must be an object, got {type(d).__name__}")
+    if d.get("type") == "materialized":
+        return MaterializedHandle.from_dict(d)
+    if d.get("type") == "changelog":
+        return ChangelogComponent.from_dict(d, base_path)
+    raise HandleError(f"unknown component type {show(d.get('type'))}")
+
+
+@dataclass(frozen=True)
+class KeyedStateSnapshot:
+    """Snapshot of one backend (one subtask of one operator)."""
+
+    operator_id: str
+    key_group_range: KeyGroupRange
+    components: tuple[Component, ...] = ()
+    # FLIP-306 "DirectoryStateHandle": the subtask's directory of merged files, relative to
+    # the job directory; its files belong to the subtask, the directory to the coordinator
+    owned_dir: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"operator": self.operator_id, "key_groups": self.key_group_range.to_json(),
+             "components": [c.to_dict() for c in self.components]}
+        if self.owned_dir is not None:
+            d["owned_dir"] = self.owned_dir
+        return d
+
+    @classmethod
+    def from_dict(cls, d: object, base_path: str) -> KeyedStateSnapshot:
+        if not isinstance(d, dict) or not isinstance(d.get("operator"), str):
+            raise HandleError("malformed keyed state snapshot")
+        comps = d.get("components")
+        if not isinstance(comps, list):
+            raise HandleError("snapshot components must be a list")
+        owned = d.get("owned_dir")
+        if owned is not None:
+            owned = check_relative_path(owned)
+            if not owned.startswith(SHARED_DIR + "/"):
+                raise HandleError(f"owned directory {show(owned)} is not under {SHARED_DIR}/")
+        return cls(d["operator"], KeyGroupRange.from_json(d.get("key_groups")),
+                   tuple(component_from_dict(c, base_path) for c in comps), owned)
+
+    def files(self, base_path: str, own_dir: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for c in self.components:
+            out.update(component_files(c, base_path, own_dir))
+        return out
+
+
+def parse_timestamp(ts: object) -> float:
+    """A finite JSON number (epoch seconds); anything else raises :class:`HandleError`."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        try:
+            value = float(ts)
+        except OverflowError:
+            value = math.inf
+        if math.isfinite(value):
+            return value
+    raise HandleError(f"bad checkpoint timestamp {show(ts)}")
+
+
+def split_metadata_url(url: str) -> tuple[str, str]:
+    """``{base}/{job}/{dir}/_metadata`` -> (base, ``{base}/{job}/{dir}``)."""
+    own_dir = url.rsplit("/", 1)[0]
+    base = own_dir.rsplit("/", 2)[0]
+    return base, own_dir
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """Everything needed to restore a checkpoint or savepoint; stored as ``_metadata``."""
+
+    job_id: str
+    checkpoint_id: int
+    kind: str  # "checkpoint" | "savepoint"
+    max_parallelism: int
+    snapshots: tuple[KeyedStateSnapshot, ...]
+    timestamp: float = field(default_factory=time.time)
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "dstl-checkpoint", "version": METADATA_VERSION,
+                           "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
+                           "max_parallelism": self.max_parallelism,
+                           "timestamp": self.timestamp,
+                           "snapshots": [s.to_dict() for s in self.snapshots]},
+                          separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, metadata_url: str) -> CheckpointMetadata:
+        base, _ = split_metadata_url(normalize_url(metadata_url))
+        d = loads(text, "checkpoint metadata")
+        if not isinstance(d, dict) or d.get("type") != "dstl-checkpoint":
+            raise HandleError("not a dstl checkpoint metadata file")
+        if d.get("version") != METADATA_VERSION:
+            raise HandleError(f"unsupported checkpoint metadata version {show(d.get('version'))}")
+        cid, maxp, kind, ts = d.get("id"), d.get("max_parallelism"), d.get("kind"), \
+            d.get("timestamp", 0.0)
+        if non_negative_int("checkpoint id", cid) > MAX_CHECKPOINT_ID:
+            raise HandleError(f"checkpoint id {cid} exceeds {MAX_CHECKPOINT_ID}")
+        if not isinstance(maxp, int) or isinstance(maxp, bool) or not 0 < maxp <= 1 << 15:
+            raise HandleError(f"bad max_parallelism {show(maxp)}")
+        if kind not in ("checkpoint", "savepoint"):
+            raise HandleError(f"bad checkpoint kind {show(kind)}")
+        job = parse_job(d.get("job"))
+        if job is None:
+            raise HandleError("checkpoint metadata names no job")
+        snaps = d.get("snapshots")
+        if not isinstance(snaps, list):
+            raise HandleError("snapshots must be a list")
+        return cls(job, cid, kind, maxp,
+                   tuple(KeyedStateSnapshot.from_dict(s, base) for s in snaps),
+                   parse_timestamp(ts))
+
+    def files(self, metadata_url: str) -> dict[str, str]:
+        """File name -> URL of every state file this checkpoint references."""
+        base, own_dir = split_metadata_url(normalize_url(metadata_url))
+        out: dict[str, str] = {}
+        for s in self.snapshots:
+            out.update(s.files(base, own_dir))
+        return out

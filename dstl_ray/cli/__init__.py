@@ -1,0 +1,1 @@
+"""The ``dstl-ray`` command: deploy, status, inspect, demo."""

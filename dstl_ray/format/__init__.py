@@ -1,0 +1,1 @@
+"""File formats: changelog files and materialized state files."""

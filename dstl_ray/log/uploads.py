@@ -1,0 +1,95 @@
+"""A writer's uploads and the handle built from them (FLIP-158 "API": ``persistDurably``
+resolves to a handle; "Example": a handle combines what earlier uploads already hold with
+what the new request sends).
+
+Each request a writer sends to the tree is one :class:`Upload` holding some changesets; its
+future resolves to the :class:`Segment` the tree wrote them to. ``persist_durably`` combines
+the uploads it needs into ONE :class:`StateChangelogHandle`: it fails with
+:class:`PersistError` if any of them failed (the writer keeps the changes and re-sends them),
+and it never stays pending.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import PersistError
+from ..keygroups import KeyGroupRange
+from .handle import Segment, StateChangelogHandle
+
+
+@dataclass(eq=False)
+class Upload:
+    """One request sent to the tree, holding changesets ``sqns``."""
+
+    sqns: tuple[int, ...]
+    size: int
+    preemptive: bool
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    segment: Segment | None = None
+    used: bool = False  # included in a handle given out by persist_durably
+    released: bool = False
+    last_checkpoint: int = -1  # newest checkpoint whose handle included it
+
+
+def combine_uploads(result: concurrent.futures.Future, uploads: list[Upload], job_path: str,
+                    log_id: str, key_group_range: KeyGroupRange, after: int,
+                    sqn_to: int) -> None:
+    """Resolve ``result`` once every one of ``uploads`` is done: to the handle of log
+    ``log_id``'s changes in ``(after, sqn_to]`` over their segments (sorted by sqn), or to
+    a :class:`PersistError` naming the first failure (at once if ``uploads`` is empty)."""
+    remaining = [len(uploads)]
+    lock = threading.Lock()
+
+    def finish() -> None:
+        errors = [u.future.exception() for u in uploads if u.future.exception() is not None]
+        if errors:
+            e = errors[0]
+            result.set_exception(PersistError(
+                f"persist_durably(after={after}) of log {log_id} failed: "
+                f"{type(e).__name__}: {e}; the changes are kept and will be re-sent"))
+            return
+        segs = sorted({u.segment for u in uploads if u.segment is not None},
+                      key=lambda s: (s.sqn_min, s.path, s.offset))
+        result.set_result(StateChangelogHandle(job_path, log_id, key_group_range, after,
+                                               sqn_to, tuple(segs)))
+
+    if not uploads:
+        finish()
+        return
+
+    def one_done(_: concurrent.futures.Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            try:
+                finish()
+            except Exception as e:  # noqa: BLE001 - never leave the future pending
+                if not result.done():
+                    result.set_exception(PersistError(f"cannot build handle: {e}"))
+
+    for up in uploads:
+        up.future.add_done_callback(one_done)
+
+
+def after_both(handle: concurrent.futures.Future, marked: concurrent.futures.Future,
+               result: concurrent.futures.Future) -> None:
+    """``result`` gets ``handle``'s outcome once ``marked`` (the node took our mark) is done
+    too; a mark the node did not take fails it (the handle must not go out)."""
+    def done(_: concurrent.futures.Future) -> None:
+        if not (handle.done() and marked.done()) or result.done():
+            return
+        e = marked.exception() or handle.exception()
+        try:
+            if e is not None:
+                result.set_exception(e)
+            else:
+                result.set_result(handle.result())
+        except concurrent.futures.InvalidStateError:
+            pass  # the other callback was first
+
+    handle.add_done_callback(done)
+    marked.add_done_callback(done)

@@ -1,0 +1,1 @@
+"""Metrics, OpenTelemetry tracing and the trace viewer."""

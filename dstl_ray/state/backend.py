@@ -1,0 +1,486 @@
+"""``ChangelogKeyedStateBackend`` (FLIP-158 "StateBackend").
+
+Keyed ValueState, ListState and MapState over in-memory tables, per state and key group; keys
+and values are kept serialized (like a RocksDB backend), so restore and materialization move
+bytes. Every change is applied to the table AND appended to the backend's changelog writer
+("Tracking the changes"). Materialization runs periodically and at most one at a time
+("Materializing state changes", steps 1-4); a checkpoint snapshot is the materialized state
+plus the changelog handle after the last materialized sqn ("Performing a checkpoint").
+
+Thread model: state access from one thread (the task); upload completions arrive on pool
+threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used"). No file
+delete runs under the lock: what the lock's holders free goes to the background deleter
+(:mod:`dstl_ray.storage.deleter`), and ``close`` waits for it.
+
+Parts kept elsewhere: restoring from snapshots (:mod:`dstl_ray.state.restore`), the files
+the snapshots name with their registry pins and merged segments
+(:mod:`dstl_ray.state.files`), and whole-table copies and dumps
+(:mod:`dstl_ray.state.tables`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..checkpoint.registry import SharedStateRegistry
+from ..checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
+from ..errors import CheckpointError, DstlError, KeyGroupError, StateError
+from ..format.materialized import MAT_SUFFIX, MaterializedHandle, StatesSpec
+from ..keygroups import KeyGroupRange, assign_key_group
+from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
+from ..storage.deleter import background_deleter
+from ..storage.registry import get_storage
+from .files import SnapshotFiles, write_full
+from .records import (
+    ListStateDescriptor,
+    MapStateDescriptor,
+    Op,
+    Serializer,
+    StateDescriptor,
+    StateKind,
+    TaggedSerializer,
+    ValueStateDescriptor,
+    encode,
+    join_items,
+)
+from .restore import RestoreSource, restore_state
+from .tables import copy_tables, dump_tables
+
+log = logging.getLogger(__name__)
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dstl-mat")
+
+
+class _State:
+    def __init__(self, backend: ChangelogKeyedStateBackend, sid: int) -> None:
+        self._b, self._sid = backend, sid
+        self._t = backend._tables[sid]
+
+    def _kg(self, key: Any) -> tuple[int, bytes]:
+        b = self._b
+        kg = assign_key_group(key, b.max_parallelism)
+        if kg not in b.key_group_range:
+            raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
+                                f"range {b.key_group_range.start}..{b.key_group_range.end}")
+        return kg, b._ser.serialize(key)
+
+    def _log(self, kg: int, rec: bytes) -> None:
+        self._b._writer.append(kg, rec)
+
+    def clear(self, key: Any) -> None:
+        kg, k = self._kg(key)
+        op = {StateKind.VALUE: Op.VALUE_CLEAR, StateKind.LIST: Op.LIST_CLEAR,
+              StateKind.MAP: Op.MAP_CLEAR}[self._b._kinds[self._sid]]
+        with self._b._lock:
+            self._log(kg, encode(op, self._sid, k))
+            self._t.get(kg, {}).pop(k, None)
+
+    def keys(self) -> Iterator[Any]:
+        """Every key with a value in this state (all key groups of the backend)."""
+        de = self._b._ser.deserialize
+        for d in list(self._t.values()):
+            for k in list(d):
+                yield de(k)
+
+
+class ValueState(_State):
+    def value(self, key: Any, default: Any = None) -> Any:
+        kg, k = self._kg(key)
+        v = self._t.get(kg, {}).get(k)
+        return default if v is None else self._b._ser.deserialize(v)
+
+    def update(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.clear(key)
+            return
+        kg, k = self._kg(key)
+        v = self._b._ser.serialize(value)
+        with self._b._lock:
+            self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
+            d = self._t.get(kg)
+            if d is None:
+                d = self._t[kg] = {}
+            d[k] = v
+
+
+class ListState(_State):
+    def get(self, key: Any) -> list[Any]:
+        kg, k = self._kg(key)
+        de = self._b._ser.deserialize
+        return [de(v) for v in self._t.get(kg, {}).get(k, ())]
+
+    def add(self, key: Any, value: Any) -> None:
+        kg, k = self._kg(key)
+        v = self._b._ser.serialize(value)
+        with self._b._lock:
+            self._log(kg, encode(Op.LIST_ADD, self._sid, k, v))
+            self._t.setdefault(kg, {}).setdefault(k, []).append(v)
+
+    def update(self, key: Any, values: Sequence[Any]) -> None:
+        kg, k = self._kg(key)
+        items = [self._b._ser.serialize(v) for v in values]
+        with self._b._lock:
+            self._log(kg, encode(Op.LIST_SET, self._sid, k, join_items(items)))
+            d = self._t.setdefault(kg, {})
+            if items:
+                d[k] = items
+            else:
+                d.pop(k, None)
+
+
+class MapState(_State):
+    def get(self, key: Any, user_key: Any, default: Any = None) -> Any:
+        kg, k = self._kg(key)
+        v = self._t.get(kg, {}).get(k, {}).get(self._b._ser.serialize(user_key))
+        return default if v is None else self._b._ser.deserialize(v)
+
+    def items(self, key: Any) -> dict[Any, Any]:
+        kg, k = self._kg(key)
+        de = self._b._ser.deserialize
+        return {de(uk): de(v) for uk, v in self._t.get(kg, {}).get(k, {}).items()}
+
+    def put(self, key: Any, user_key: Any, value: Any) -> None:
+        kg, k = self._kg(key)
+        uk, v = self._b._ser.serialize(user_key), self._b._ser.serialize(value)
+        with self._b._lock:
+            self._log(kg, encode(Op.MAP_PUT, self._sid, k, v, uk))
+            self._t.setdefault(kg, {}).setdefault(k, {})[uk] = v
+
+    def remove(self, key: Any, user_key: Any) -> None:
+        kg, k = self._kg(key)
+        uk = self._b._ser.serialize(user_key)
+        with self._b._lock:
+            self._log(kg, encode(Op.MAP_REMOVE, self._sid, k, b"", uk))
+            d = self._t.get(kg, {})
+            m = d.get(k)
+            if m is not None:
+                m.pop(uk, None)
+                if not m:
+                    del d[k]
+
+
+_STATE_CLASSES = {StateKind.VALUE: ValueState, StateKind.LIST: ListState,
+                  StateKind.MAP: MapState}
+
+
+class ChangelogKeyedStateBackend:
+    """Keyed state of one operator subtask, logged to a changelog writer.
+
+    >>> b = ChangelogKeyedStateBackend(client, "op", KeyGroupRange(0, 127), 128)  # doctest: +SKIP
+    >>> b.value_state("count").update("k", 1)  # doctest: +SKIP
+    """
+
+    def __init__(self, client: Any, operator_id: str, key_group_range: KeyGroupRange,
+                 max_parallelism: int, *, materialization_interval: float | None = 10.0,
+                 serializer: Serializer | None = None, clock: Callable[[], float] = time.monotonic,
+                 restore: Sequence[RestoreSource] = (),
+                 executor: concurrent.futures.Executor | None = None,
+                 materialize_in_background: bool = False,
+                 file_merging: FileMergingOptions | None = None,
+                 incarnation: str = "") -> None:
+        if not key_group_range.end < max_parallelism:
+            raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
+                                f"{max_parallelism}")
+        self.operator_id = operator_id
+        self.key_group_range = key_group_range
+        self.max_parallelism = max_parallelism
+        self.job_id: str = client.job_id
+        self.job_path: str = client.job_path
+        self.materialization_interval = materialization_interval
+        self._clock = clock
+        self._ser: Serializer = serializer or TaggedSerializer()
+        self._pool = executor or _POOL
+        self._storage = get_storage(self.job_path)
+        # deletes decided under our lock or on a delivery thread run here (deleter.py)
+        self._deleter = background_deleter()
+        merging = file_merging or FileMergingOptions.from_config(getattr(client, "config", None))
+        # FLIP-306: materializations go into segment files of this subtask's own directory
+        self._merging = (SubtaskFileManager(self._storage, self.job_path, operator_id,
+                                            key_group_range, merging)
+                         if merging.enabled else None)
+        self._lock = threading.RLock()
+        self._names: dict[str, int] = {}
+        self._kinds: list[StateKind] = []
+        self._tables: list[dict[int, dict[bytes, Any]]] = []
+        self._closed = False
+        self._files = SnapshotFiles(self._storage, self.job_path, self.job_id, operator_id,
+                                    key_group_range, self._merging, lock=self._lock,
+                                    pool=self._pool, deleter=self._deleter,
+                                    is_closed=lambda: self._closed)
+        self._mat_future: concurrent.futures.Future | None = None
+        self._last_mat_start = clock()
+        self.materializations = 0
+        self.materialization_failures = 0
+        # FLIP-158 "Recovery and rescaling" (FLIP-306 4.5 for merged files)
+        restored = restore_state(restore, key_group_range, self.job_id, self._register_state,
+                                 self._tables, self._kinds, self._merging)
+        self._files.restored(restored.components, restored.files)
+        self._writer = client.create_writer(operator_id, key_group_range)
+        self._writer.incarnation = incarnation
+        # restored changelog in nodes' merged files: our snapshots name it until our first
+        # materialization, so its nodes must keep it for us too (FLIP-306 take-over)
+        self._restored_named = -1  # newest checkpoint whose snapshot named it
+        self._writer.adopt([seg for c in self._files.base if isinstance(c, ChangelogComponent)
+                            for seg in c.handle.segments])
+        if restored.foreign:
+            # FLIP-306 4.2: after a rescale our state sits in other subtasks' files; write
+            # our own copy at once (the old directories then go by reference count)
+            self.materialize(force=True)
+        self._stop = threading.Event()
+        if materialize_in_background and materialization_interval is not None:
+            # FLIP-158 "Materializing state changes" runs on its own schedule, not only when
+            # a checkpoint asks: a timer thread starts one whenever the interval has passed
+            threading.Thread(target=self._materialization_timer, daemon=True,
+                             name=f"dstl-mat-timer-{operator_id}").start()
+
+    # ------------------------------------------------------------------ states
+
+    def _register_state(self, name: str, kind: StateKind) -> int:
+        sid = self._names.get(name)
+        if sid is None:
+            if len(self._kinds) >= 65535:
+                raise StateError("too many states")
+            sid = self._names[name] = len(self._kinds)
+            self._kinds.append(kind)
+            self._tables.append({})
+        elif self._kinds[sid] is not kind:
+            raise StateError(f"state {name!r} is a {self._kinds[sid].value} state, not "
+                             f"{kind.value}")
+        return sid
+
+    def get_state(self, descriptor: StateDescriptor) -> _State:
+        with self._lock:
+            sid = self._register_state(descriptor.name, descriptor.kind)
+        return _STATE_CLASSES[descriptor.kind](self, sid)
+
+    def value_state(self, name: str) -> ValueState:
+        return self.get_state(ValueStateDescriptor(name))  # type: ignore[return-value]
+
+    def list_state(self, name: str) -> ListState:
+        return self.get_state(ListStateDescriptor(name))  # type: ignore[return-value]
+
+    def map_state(self, name: str) -> MapState:
+        return self.get_state(MapStateDescriptor(name))  # type: ignore[return-value]
+
+    def _states_spec(self) -> StatesSpec:
+        by_sid = sorted(self._names.items(), key=lambda kv: kv[1])
+        return tuple((n, self._kinds[sid].value) for n, sid in by_sid)
+
+    @property
+    def writer(self) -> Any:
+        return self._writer
+
+    @property
+    def materialized_sqn(self) -> int:
+        return self._files.materialized_sqn
+
+    @property
+    def _base_files(self) -> dict[str, str]:
+        """File name -> URL of the files of the materialized (or restored) base."""
+        return self._files.base_files
+
+    @property
+    def _segment_files(self) -> dict[str, tuple[str, int]]:
+        """Changelog files our snapshots may still name: name -> (url, max sqn)."""
+        return self._files.segment_files
+
+    def set_incarnation(self, incarnation: str) -> None:
+        """The run of the job this backend writes for (:mod:`dstl_ray.checkpoint.lease`): its requests
+        carry it, so node actors keep the job's state per incarnation."""
+        self._writer.incarnation = incarnation
+
+    def attach_registry(self, registry: SharedStateRegistry) -> None:
+        """Let ``registry`` know which files this backend may still put in a snapshot."""
+        self._files.attach_registry(registry)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def snapshot(self, checkpoint_id: int = -1
+                 ) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        """Checkpoint snapshot: the base (materialized) components + the changelog after
+        the last materialized sqn (FLIP-158 "Performing a checkpoint"). ``checkpoint_id``
+        (optional) goes with the persist request, so nodes batch one checkpoint together."""
+        self.maybe_materialize()
+        with self._lock:
+            if self._closed:
+                raise CheckpointError(f"backend of {self.operator_id} is closed")
+            base, states = self._files.base, self._states_spec()
+            after = self._files.materialized_sqn
+            self._files.mark_used(checkpoint_id)
+            if any(isinstance(c, ChangelogComponent) for c in base):
+                self._restored_named = max(self._restored_named, checkpoint_id
+                                           if checkpoint_id >= 0 else UNKNOWN_USE)
+            pf = self._writer.persist_durably(after=after, checkpoint_id=checkpoint_id)
+        owned = self.owned_dir
+        out: concurrent.futures.Future[KeyedStateSnapshot] = concurrent.futures.Future()
+
+        def done(f: concurrent.futures.Future) -> None:
+            try:
+                if f.exception() is not None:
+                    out.set_exception(f.exception())
+                    return
+                h = f.result()
+                self._files.track(h)
+                comps = (base if h.is_empty()
+                         else base + (ChangelogComponent(self.job_id, states, h),))
+                out.set_result(KeyedStateSnapshot(self.operator_id, self.key_group_range,
+                                                  comps, owned))
+            except BaseException as e:  # noqa: BLE001 - never leave the snapshot pending
+                if not out.done():
+                    out.set_exception(CheckpointError(f"snapshot of {self.operator_id} "
+                                                      f"failed: {type(e).__name__}: {e}"))
+
+        pf.add_done_callback(done)
+        return out
+
+    def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        """A full, self-contained snapshot written under ``target_dir`` (FLINK-5053); it does
+        not occupy the materialization slot."""
+        with self._lock:
+            tables, states = copy_tables(self._tables, self._kinds), self._states_spec()
+        rel = f"{uuid.uuid4().hex}{MAT_SUFFIX}"
+
+        def run() -> KeyedStateSnapshot:
+            h = write_full(self._storage, tables, states, self.key_group_range, target_dir,
+                           rel, None, 0)
+            return KeyedStateSnapshot(self.operator_id, self.key_group_range, (h,))
+
+        return self._pool.submit(run)
+
+    # ------------------------------------------------------------------ materialization
+
+    def materialization_due(self) -> bool:
+        return (self.materialization_interval is not None
+                and self._clock() - self._last_mat_start >= self.materialization_interval)
+
+    def maybe_materialize(self) -> concurrent.futures.Future | None:
+        """Start a materialization if the interval elapsed and none is running."""
+        if self.materialization_due():
+            return self.materialize()
+        return None
+
+    def materialize(self, force: bool = False) -> concurrent.futures.Future | None:
+        """FLIP-158 "Materializing state changes": (1) remember the sqn and (2) snapshot the
+        tables atomically, (3) upload asynchronously, (4) record the sqn and truncate. At most
+        one at a time: returns None if one is running or (unless ``force``) nothing changed."""
+        with self._lock:
+            if self._closed or (self._mat_future is not None and not self._mat_future.done()):
+                return None
+            self._last_mat_start = self._clock()
+            sqn = self._writer.last_appended_sqn()  # step 1
+            base = self._files.base
+            if sqn == self._files.materialized_sqn and not force and (
+                    not base or isinstance(base[0], MaterializedHandle) and len(base) == 1):
+                return None
+            tables, states = copy_tables(self._tables, self._kinds), self._states_spec()  # step 2
+            result: concurrent.futures.Future = concurrent.futures.Future()
+            self._mat_future = result  # done only after step 4
+            fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3
+
+        def done(f: concurrent.futures.Future) -> None:  # step 4
+            try:
+                self._materialized(f, sqn)
+            except BaseException as e:  # noqa: BLE001 - report through the future
+                result.set_exception(e)
+            else:
+                result.set_result(f.result())
+
+        fut.add_done_callback(done)
+        return result
+
+    def _materialized(self, f: concurrent.futures.Future, sqn: int) -> None:
+        self._materialized_locked(f, sqn)
+        # the restored changelog is no longer named by our snapshots (outside the lock: it
+        # calls the nodes)
+        self._writer.release_adopted(self._restored_named)
+
+    def _materialized_locked(self, f: concurrent.futures.Future, sqn: int) -> None:
+        err = f.exception()
+        with self._lock:
+            if err is not None:
+                self.materialization_failures += 1
+                log.warning("materialization of %s failed: %s", self.operator_id, err)
+                raise err
+            h: MaterializedHandle = f.result()
+            if self._closed:  # never part of any checkpoint
+                self._files.discard(h)
+                raise CheckpointError("backend closed during materialization")
+            self._files.materialized(h, sqn)
+            self._writer.truncate(before=sqn)
+            self.materializations += 1
+            self._files.repin()
+
+    def _materialization_timer(self) -> None:
+        assert self.materialization_interval is not None
+        tick = max(0.01, min(1.0, self.materialization_interval / 4))
+        while not self._stop.wait(tick):
+            try:
+                self.maybe_materialize()
+            except DstlError as e:  # a failed start is retried at the next tick
+                log.warning("periodic materialization of %s: %s", self.operator_id, e)
+
+    def wait_materialization(self, timeout: float | None = None) -> None:
+        f = self._mat_future
+        if f is not None:
+            concurrent.futures.wait([f], timeout=timeout)
+
+    # ------------------------------------------------------------------ file merging
+
+    @property
+    def owned_dir(self) -> str | None:
+        """This subtask's directory of merged files, relative to the job directory (FLIP-306
+        "DirectoryStateHandle"); None without file merging."""
+        return self._files.owned_dir
+
+    def take_over(self, checkpoints: Sequence[Any]) -> None:
+        """Adopt the segments of our directory that other retained checkpoints (of
+        :class:`~dstl_ray.checkpoint.recovery.CompletedCheckpoint`) name, so their files are freed
+        once those are subsumed."""
+        self._files.take_over(checkpoints)
+
+    def notify_checkpoint_subsumed(self, watermark: int) -> None:
+        """Every checkpoint up to ``watermark`` is subsumed or declined (FLIP-306 4.4: a
+        watermark, so a lost notification is made good by the next). Frees dead segment
+        files and starts a compaction when space amplification calls for one (4.7)."""
+        self._writer.subsumed(watermark)  # nodes merging changelog files learn it too
+        self._files.subsumed(watermark, self._writer.last_appended_sqn)
+
+    def file_merging_stats(self) -> dict[str, Any]:
+        return self._files.stats()
+
+    # ------------------------------------------------------------------ introspection
+
+    def dump(self) -> dict[str, dict[Any, Any]]:
+        """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""
+        with self._lock:
+            return dump_tables(self._names, self._kinds, self._tables, self._ser.deserialize)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """FLIP-158 "Cleanup on shutdown": unpersisted changes are dropped with the writer,
+        and materialized files that no checkpoint includes are deleted (via the registry)."""
+        if self._closed:
+            return
+        self._stop.set()
+        f = self._mat_future
+        if f is not None:
+            concurrent.futures.wait([f], timeout=60)
+        with self._lock:
+            self._closed = True
+        try:
+            self._writer.release_adopted(self._restored_named)
+            self._writer.wait_uploads(timeout=60)
+            self._writer.close()
+        except DstlError as e:
+            log.warning("closing writer of %s: %s", self.operator_id, e)
+        self._files.close()  # unpins (the registry deletes what is unused), closes merging
+        # what closing freed (unused uploads, unpinned and unused files) is gone on return
+        if not self._deleter.flush(timeout=60):
+            log.warning("closing %s: deletes still pending after 60 s; orphan cleanup after "
+                        "recovery removes what is left", self.operator_id)

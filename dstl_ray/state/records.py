@@ -1,0 +1,316 @@
+"""Keyed state descriptors, the value serializer and the state change record format.
+
+FLIP-158 "StateBackend / Tracking the changes": every change made through ValueState,
+ListState or MapState is applied to the backend's tables AND appended to the changelog as a
+record. "File contents layout": changes are serialized by the backend and opaque to the
+changelog. The same records, restricted to "set" operations, form materialized state files
+(a materialization is a compacted changelog), so recovery applies one format.
+
+Record format, version 1 (stable, little-endian, never pickle)::
+
+    u8 version=1 | u8 op | u16 state id | u32 key length | key bytes
+    [ u32 user-key length | user-key bytes ]        (MAP_PUT, MAP_REMOVE only)
+    [ value bytes to the end of the record ]         (VALUE_SET, LIST_ADD, MAP_PUT)
+    [ u32 length | item ... to the end ]             (LIST_SET: the whole list)
+
+Keys and values are bytes produced by a pluggable :class:`Serializer`; the default
+:class:`TaggedSerializer` is a simple, safe tagged binary encoding of None, bool, int, float,
+str, bytes, lists (tuples decode as lists) and dicts.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import FormatError, StateError
+
+RECORD_VERSION = 1
+HDR = struct.Struct("<BBHI")
+U32 = struct.Struct("<I")
+_F64 = struct.Struct("<d")
+_INT = re.compile(rb"0|-?[1-9][0-9]*")  # as str(int) writes it: no sign on 0, no leading zeros
+MAX_DEPTH = 100  # lists/dicts nested in one TaggedSerializer value (bounds decoding recursion)
+
+
+class Op(enum.IntEnum):
+    VALUE_SET = 1
+    VALUE_CLEAR = 2
+    LIST_ADD = 3
+    LIST_SET = 4
+    LIST_CLEAR = 5
+    MAP_PUT = 6
+    MAP_REMOVE = 7
+    MAP_CLEAR = 8
+
+
+class StateKind(enum.StrEnum):
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """Names one keyed state of a backend (Flink's StateDescriptor)."""
+
+    name: str
+    kind: StateKind
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise StateError(f"state name must be a non-empty str of <= 200 chars, "
+                             f"got {self.name!r}")
+        object.__setattr__(self, "kind", StateKind(self.kind))
+
+
+def ValueStateDescriptor(name: str) -> StateDescriptor:  # noqa: N802 - Flink's name
+    return StateDescriptor(name, StateKind.VALUE)
+
+
+def ListStateDescriptor(name: str) -> StateDescriptor:  # noqa: N802
+    return StateDescriptor(name, StateKind.LIST)
+
+
+def MapStateDescriptor(name: str) -> StateDescriptor:  # noqa: N802
+    return StateDescriptor(name, StateKind.MAP)
+
+
+@runtime_checkable
+class Serializer(Protocol):
+    """Turns user keys and values into bytes and back; must be deterministic for keys."""
+
+    def serialize(self, obj: Any) -> bytes: ...
+
+    def deserialize(self, data: bytes) -> Any: ...
+
+
+class TaggedSerializer:
+    """Safe tagged binary encoding: ``N`` None, ``T``/``F`` bool, ``i`` int (decimal),
+    ``f`` float (f64), ``s`` str (UTF-8), ``b`` bytes, ``l`` list, ``d`` dict; nested items
+    are u32-length prefixed, at most :data:`MAX_DEPTH` levels deep. Decoding never executes
+    code, and any malformed input raises :class:`FormatError` (values come back from shared
+    storage)."""
+
+    def serialize(self, obj: Any, _depth: int = 0) -> bytes:
+        t = type(obj)
+        if t is bytes:
+            return b"b" + obj
+        if t is str:
+            return b"s" + obj.encode("utf-8")
+        if t is int:
+            return b"i" + str(obj).encode("ascii")
+        if obj is None:
+            return b"N"
+        if t is bool:
+            return b"T" if obj else b"F"
+        if t is float:
+            return b"f" + _F64.pack(obj)
+        if t in (list, tuple, dict) and _depth >= MAX_DEPTH:
+            raise StateError(f"TaggedSerializer nests at most {MAX_DEPTH} lists/dicts deep")
+        if t in (list, tuple):
+            parts = [b"l"]
+            for item in obj:
+                enc = self.serialize(item, _depth + 1)
+                parts += (U32.pack(len(enc)), enc)
+            return b"".join(parts)
+        if t is dict:
+            parts = [b"d"]
+            for k, v in obj.items():
+                ek, ev = self.serialize(k, _depth + 1), self.serialize(v, _depth + 1)
+                parts += (U32.pack(len(ek)), ek, U32.pack(len(ev)), ev)
+            return b"".join(parts)
+        raise StateError(f"TaggedSerializer cannot encode {t.__name__}; plug in a Serializer")
+
+    def deserialize(self, data: bytes, _depth: int = 0) -> Any:
+        if not data:
+            raise FormatError("empty serialized value")
+        tag, body = data[:1], bytes(data[1:])
+        try:
+            if tag == b"b":
+                return body
+            if tag == b"s":
+                return body.decode("utf-8")
+            if tag == b"i":
+                if not _INT.fullmatch(body):
+                    raise FormatError(f"bad serialized int {body[:40]!r}")
+                return int(body)  # ValueError beyond sys.get_int_max_str_digits()
+            if tag in (b"N", b"T", b"F"):
+                if body:
+                    raise FormatError(f"{len(body)} trailing bytes after value tag {tag!r}")
+                return None if tag == b"N" else tag == b"T"
+            if tag == b"f":
+                if len(body) != _F64.size:
+                    raise FormatError(f"serialized float has {len(body)} bytes, not 8")
+                return _F64.unpack(body)[0]
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FormatError(f"bad serialized value (tag {tag!r}): {e}") from None
+        if tag in (b"l", b"d") and _depth >= MAX_DEPTH:
+            raise FormatError(f"serialized value nests deeper than {MAX_DEPTH} levels")
+        if tag == b"l":
+            return [self.deserialize(x, _depth + 1) for x in split_items(body)]
+        if tag == b"d":
+            items = split_items(body)
+            if len(items) % 2:
+                raise FormatError("dict with an odd number of items")
+            return {hashable(self.deserialize(items[i], _depth + 1)):
+                    self.deserialize(items[i + 1], _depth + 1)
+                    for i in range(0, len(items), 2)}
+        raise FormatError(f"unknown value tag {tag!r}")
+
+
+def hashable(key: Any) -> Any:
+    """A decoded dict key as it was written: lists (tuples on the way in) back to tuples, at
+    every level; a dict, which cannot have been a key, raises :class:`FormatError`."""
+    if isinstance(key, list):
+        return tuple(hashable(x) for x in key)
+    if isinstance(key, dict):
+        raise FormatError("serialized dict key is a dict")
+    return key
+
+
+def split_items(body: bytes) -> list[bytes]:
+    """Split a run of u32-length-prefixed items; raises :class:`FormatError` if torn."""
+    out, pos, end = [], 0, len(body)
+    while pos < end:
+        if end - pos < 4:
+            raise FormatError("torn item length")
+        (n,) = U32.unpack_from(body, pos)
+        pos += 4
+        if n > end - pos:
+            raise FormatError("item runs past its record")
+        out.append(body[pos:pos + n])
+        pos += n
+    return out
+
+
+def join_items(items: list[bytes]) -> bytes:
+    return b"".join(U32.pack(len(x)) + x for x in items)
+
+
+# ------------------------------------------------------------------ record encoding
+
+# plain ints on the replay path (enum attribute lookups cost more than the work)
+_VSET, _LADD, _LSET, _MPUT, _MREM = (int(Op.VALUE_SET), int(Op.LIST_ADD), int(Op.LIST_SET),
+                                     int(Op.MAP_PUT), int(Op.MAP_REMOVE))
+_CLEARS = frozenset((int(Op.VALUE_CLEAR), int(Op.LIST_CLEAR), int(Op.MAP_CLEAR)))
+_HSIZE, _HUNPACK = HDR.size, HDR.unpack_from
+_OPS = {StateKind.VALUE: frozenset((Op.VALUE_SET, Op.VALUE_CLEAR)),
+        StateKind.LIST: frozenset((Op.LIST_ADD, Op.LIST_SET, Op.LIST_CLEAR)),
+        StateKind.MAP: frozenset((Op.MAP_PUT, Op.MAP_REMOVE, Op.MAP_CLEAR))}
+
+
+def encode(op: int, sid: int, key: bytes, value: bytes = b"", ukey: bytes | None = None) -> bytes:
+    head = HDR.pack(RECORD_VERSION, op, sid, len(key))
+    if ukey is not None:
+        return b"".join((head, key, U32.pack(len(ukey)), ukey, value))
+    return b"".join((head, key, value))
+
+
+def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKind], kg: int,
+                 sid_map: list[int] | None = None) -> None:
+    """Apply one change record of key group ``kg`` to ``tables[local sid][kg]``.
+
+    ``sid_map`` translates the record's state ids (of the log that wrote it) into local ones.
+    Raises :class:`FormatError` on a torn or unknown record.
+    """
+    if len(rec) < _HSIZE:
+        raise FormatError("torn state change record")
+    ver, op, sid, klen = _HUNPACK(rec)
+    if ver != RECORD_VERSION:
+        raise FormatError(f"unknown state change record version {ver}")
+    p = _HSIZE + klen
+    if p > len(rec):
+        raise FormatError("state change key runs past its record")
+    key = rec[_HSIZE:p]
+    try:
+        local = sid_map[sid] if sid_map is not None else sid
+        per_kg = tables[local]
+    except IndexError:
+        raise FormatError(f"state change names unknown state id {sid}") from None
+    if op not in _OPS[kinds[local]]:
+        raise FormatError(f"op {op} does not fit state kind {kinds[local].value}")
+    d = per_kg.get(kg)
+    if d is None:
+        d = per_kg[kg] = {}
+    if op == _VSET:
+        d[key] = rec[p:]
+    elif op in (_MPUT, _MREM):
+        if p + 4 > len(rec):
+            raise FormatError("torn map record")
+        (ulen,) = U32.unpack_from(rec, p)
+        end = p + 4 + ulen
+        if end > len(rec) or (op == _MREM and end != len(rec)):
+            raise FormatError(f"map user key of {ulen} bytes does not fit its record of "
+                              f"{len(rec)} bytes")
+        ukey = rec[p + 4:end]
+        if op == _MPUT:
+            m = d.get(key)
+            if m is None:
+                m = d[key] = {}
+            m[ukey] = rec[end:]
+        else:
+            m = d.get(key)
+            if m is not None:
+                m.pop(ukey, None)
+                if not m:
+                    del d[key]
+    elif op == _LADD:
+        lst = d.get(key)
+        if lst is None:
+            d[key] = [rec[p:]]
+        else:
+            lst.append(rec[p:])
+    elif op == _LSET:
+        items = split_items(rec[p:])
+        if items:
+            d[key] = items
+        else:
+            d.pop(key, None)
+    elif op in _CLEARS:
+        if p != len(rec):
+            raise FormatError(f"clear record has {len(rec) - p} trailing bytes")
+        d.pop(key, None)
+    else:
+        raise FormatError(f"unknown state change op {op}")
+
+
+def encode_full(sid: int, kind: StateKind, key: bytes, value: Any) -> list[bytes]:
+    """Records that recreate one entry of a table (used by materialization)."""
+    if kind is StateKind.VALUE:
+        return [encode(Op.VALUE_SET, sid, key, value)]
+    if kind is StateKind.LIST:
+        return [encode(Op.LIST_SET, sid, key, join_items(value))]
+    return [encode(Op.MAP_PUT, sid, key, v, uk) for uk, v in value.items()]
+
+
+def apply_records(recs: list[bytes], tables: list[dict[int, dict]], kinds: list[StateKind],
+                  kg: int, sid_map: list[int] | None = None) -> None:
+    """:func:`apply_record` over many records of key group ``kg`` (the replay loop of
+    FLIP-158 "Recovery and rescaling"): value sets, the bulk of a changelog, are applied
+    inline with the same checks; every other op goes through :func:`apply_record`."""
+    hsize, hunpack, vset, version = _HSIZE, _HUNPACK, _VSET, RECORD_VERSION
+    value_tables: dict[int, dict | None] = {}  # record sid -> this kg's value table, or None
+    for rec in recs:
+        if len(rec) >= hsize:
+            ver, op, sid, klen = hunpack(rec)
+            if op == vset and ver == version and hsize + klen <= len(rec):
+                d = value_tables.get(sid, False)
+                if d is False:
+                    d = None
+                    local = sid_map[sid] if sid_map is not None and sid < len(sid_map) else (
+                        sid if sid_map is None else -1)
+                    if 0 <= local < len(tables) and kinds[local] is StateKind.VALUE:
+                        per_kg = tables[local]
+                        d = per_kg.get(kg)
+                        if d is None:
+                            d = per_kg[kg] = {}
+                    value_tables[sid] = d
+                if d is not None:
+                    p = hsize + klen
+                    d[rec[hsize:p]] = rec[p:]
+                    continue
+        apply_record(rec, tables, kinds, kg, sid_map)  # other ops, and every error

@@ -1,0 +1,96 @@
+"""Restoring a keyed state backend from snapshots (FLIP-158 "Recovery and rescaling").
+
+A backend starts from the components of one or more snapshots (a checkpoint after a failover,
+several after a rescale, or a savepoint): materialized state first, then the changelog, each
+filtered to the backend's key groups and, for the changelog, to the changes after the
+materialized sqn (the handle filters by sqn). The restored components stay the backend's base
+until its first materialization, so its snapshots name them meanwhile.
+
+With file merging (FLIP-306 4.5), the segments of the backend's own directory are taken over;
+state from any other directory means a rescale, after which the backend writes its own copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint.snapshot import (
+    Component,
+    KeyedStateSnapshot,
+    component_changes,
+    component_files,
+    restricted,
+)
+from ..errors import FormatError, HandleError, RestoreError, StateError, StorageError
+from ..format.materialized import MaterializedHandle
+from ..keygroups import KeyGroupRange
+from ..merging.pool import SubtaskFileManager
+from .records import StateKind, apply_records
+
+
+@dataclass(frozen=True)
+class RestoreSource:
+    """A snapshot to restore from, with where its files live and its name for errors."""
+
+    snapshot: KeyedStateSnapshot
+    base_path: str
+    own_dir: str
+    checkpoint: str  # e.g. the metadata URL
+    checkpoint_id: int = -1  # its id (-1: unknown), for taking merged files over
+
+
+@dataclass(frozen=True)
+class RestoredState:
+    """What a restore leaves besides the filled tables."""
+
+    components: tuple[Component, ...]  # restricted to our key groups: the backend's base
+    files: dict[str, str]  # file name -> URL of every file those components name
+    foreign: bool  # materialized state came from elsewhere (a rescale: write our own copy)
+
+
+def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRange, job_id: str,
+                  register_state: Callable[[str, StateKind], int],
+                  tables: list[dict[int, dict[bytes, Any]]], kinds: list[StateKind],
+                  merging: SubtaskFileManager | None) -> RestoredState:
+    """Apply every source's changes in ``key_group_range`` to ``tables``.
+
+    ``register_state`` maps a state name and kind to its id, appending to ``tables`` and
+    ``kinds`` for a new state (the backend's own registration, so restored and later states
+    share ids). A file that cannot be read or decoded raises :class:`RestoreError` naming the
+    checkpoint and the file."""
+    base: list[Component] = []
+    files_of_base: dict[str, str] = {}
+    foreign = False
+    for src in sources:
+        # a restored component may cover more key groups than the snapshot holding it
+        # (a backend restored after rescaling): only the snapshot's own range counts
+        want = src.snapshot.key_group_range.intersect(key_group_range)
+        if want is None:
+            continue
+        for comp in src.snapshot.components:
+            mine = comp.key_group_range.intersect(want)
+            if mine is None:
+                continue
+            files = component_files(comp, src.base_path, src.own_dir)
+            try:
+                sid_map = [register_state(n, StateKind(k)) for n, k in comp.states]
+                # each file through its own URL's storage: the checkpoint may live on
+                # another file system than this job (a savepoint restored elsewhere)
+                for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
+                    apply_records(recs, tables, kinds, kg, sid_map)
+            except (FormatError, StorageError, HandleError, StateError) as e:
+                path = getattr(e, "path", None) or next(
+                    (u for u in files.values() if u in str(e)), ", ".join(files.values()))
+                raise RestoreError(f"cannot restore checkpoint {src.checkpoint}: file "
+                                   f"{path}: {e}", checkpoint=src.checkpoint,
+                                   path=path) from e
+            base.append(restricted(comp, mine))
+            files_of_base.update(files)
+            if merging is not None and isinstance(comp, MaterializedHandle):
+                if comp.job == job_id and merging.owns(comp.path):
+                    merging.adopt(comp.path, comp.offset, comp.size, src.checkpoint_id)
+                else:
+                    foreign = True
+    return RestoredState(tuple(base), files_of_base, foreign)

@@ -1,0 +1,67 @@
+"""The storage contract (``Storage``) and URL helpers every backend shares."""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+from ..errors import StorageError
+
+MiB = 1024 * 1024
+
+
+S3_MIN_PART = 5 * MiB
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """What dstl-ray needs from a file system; implement it to plug in another store."""
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` as the whole, new file ``path``: all or nothing."""
+
+    def read_file(self, path: str) -> bytes: ...
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """At most ``length`` bytes from ``offset`` (fewer at the end of the file, none past
+        it). ``offset`` and ``length`` may come from a forged handle: never allocate
+        ``length`` bytes before knowing the file holds them."""
+
+    def delete(self, path: str) -> None:
+        """Delete ``path``; a missing file is not an error."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def list_files(self, prefix: str) -> list[str]:
+        """Every file under directory ``prefix`` (recursively), as full URLs."""
+
+
+def split_protocol(url: str) -> tuple[str, str]:
+    if "://" not in url:
+        return "file", os.path.abspath(url)
+    proto, rest = url.split("://", 1)
+    return proto, rest
+
+
+def normalize_url(url: str) -> str:
+    """``/a/b`` -> ``file:///a/b``; trailing slashes removed."""
+    proto, rest = split_protocol(url)
+    if proto == "file":
+        rest = os.path.abspath(rest)
+    return f"{proto}://{rest.rstrip('/') or '/'}"
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+APPENDABLE = ("file", "memory")  # files readable while still being appended to
+
+
+def supports_append(url: str) -> bool:
+    return split_protocol(url)[0] in APPENDABLE
+
+
+def _check_range(path: str, offset: int, length: int) -> None:
+    if offset < 0 or length < 0:
+        raise StorageError(f"cannot read {path} [{offset}:+{length}]: negative range")

@@ -1,0 +1,1 @@
+"""How a writer's requests reach storage: through the node actors (Ray) or directly."""

@@ -1,0 +1,1 @@
+"""Writing one file to DFS: attempts with deadlines, retries and hedging."""
