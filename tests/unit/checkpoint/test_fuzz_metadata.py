@@ -36,7 +36,7 @@ from experiments.fuzz_seeds import (
     restore_reads,
 )
 
-from .ckpt_util import as_decoded
+from ..ckpt_util import as_decoded
 
 SEEDS = ("checkpoint", "savepoint", "rescaled")
 SETTINGS = settings(max_examples=150, deadline=None,

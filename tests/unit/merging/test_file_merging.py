@@ -15,7 +15,7 @@ from dstl_ray.checkpoint.recovery import restore_backends
 from dstl_ray.merging.pool import FileMergingOptions
 from dstl_ray.storage.deleter import flush_deletes
 
-from .ckpt_util import MAXP, Oracle, client, dump_all
+from ..ckpt_util import MAXP, Oracle, client, dump_all
 
 
 def _job(base, parallelism, *, mode, retained=2, **mopts):

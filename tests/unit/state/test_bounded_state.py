@@ -8,7 +8,7 @@ import dstl_ray as d
 from dstl_ray.checkpoint.registry import SharedStateRegistry
 from dstl_ray.transport.direct import DirectTransport
 
-from .ckpt_util import MAXP
+from ..ckpt_util import MAXP
 
 
 def test_a_backend_without_registry_forgets_files_it_can_no_longer_name(tmp_path):

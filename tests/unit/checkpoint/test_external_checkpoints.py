@@ -11,7 +11,7 @@ from dstl_ray.checkpoint.recovery import assign_sources
 from dstl_ray.storage.deleter import flush_deletes
 from dstl_ray.storage.registry import get_storage
 
-from .ckpt_util import MAXP, client
+from ..ckpt_util import MAXP, client
 
 JOB = "ext"
 

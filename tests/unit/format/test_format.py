@@ -112,7 +112,7 @@ def test_segment_read_detects_corruption(log_changesets, compression, data_strat
     with pytest.raises(FormatError):
         list(iter_blocks(bytes(seg), base_offset=off, path="x.dstl"))
     # a cut inside a block is caught here; a cut at a block boundary is caught by the handle,
-    # which knows the segment's length (tests/unit/test_handle.py)
+    # which knows the segment's length (tests/unit/log/test_handle.py)
     cut = bytes(data[off:off + pos])
     boundaries = {e.offset for e in s.index}
     if pos not in boundaries:

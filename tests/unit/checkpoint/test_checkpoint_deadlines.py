@@ -13,7 +13,7 @@ import pytest
 import dstl_ray as d
 from dstl_ray.storage.registry import get_storage
 
-from .ckpt_util import MAXP, client, new_base
+from ..ckpt_util import MAXP, client, new_base
 
 
 class HungSnapshots(d.ChangelogKeyedStateBackend):

@@ -11,7 +11,7 @@ import dstl_ray as d
 from dstl_ray.storage.deleter import Deleter
 from dstl_ray.storage.registry import get_storage
 
-from .ckpt_util import MAXP, client, new_base
+from ..ckpt_util import MAXP, client, new_base
 
 FULL = d.KeyGroupRange(0, MAXP - 1)
 

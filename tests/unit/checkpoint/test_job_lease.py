@@ -16,7 +16,7 @@ from dstl_ray.checkpoint.lease import JobLease
 from dstl_ray.errors import JobLeaseError
 from dstl_ray.storage.registry import get_storage
 
-from .ckpt_util import MAXP, client
+from ..ckpt_util import MAXP, client
 
 
 def _coord(base: str, job: str = "job", **kw) -> d.CheckpointCoordinator:

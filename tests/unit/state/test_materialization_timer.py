@@ -8,7 +8,7 @@ import time
 
 import dstl_ray as d
 
-from .ckpt_util import MAXP, client
+from ..ckpt_util import MAXP, client
 
 
 def test_timer_materializes_without_checkpoints(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import dstl_ray as d
 from dstl_ray.storage.registry import get_storage
 
-from .ckpt_util import (
+from ..ckpt_util import (
     MAXP,
     FailingTransport,
     Oracle,

@@ -12,7 +12,7 @@ import pytest
 
 import dstl_ray as d
 
-from .ckpt_util import MAXP, Oracle, client, dump_all, files, new_base, referenced
+from ..ckpt_util import MAXP, Oracle, client, dump_all, files, new_base, referenced
 
 
 def _recover(base, retained, parallelism):

@@ -32,7 +32,7 @@ from dstl_ray.state.records import (
 )
 from experiments.fuzz_seeds import STATES, BytesStorage
 
-from .ckpt_util import as_decoded
+from ..ckpt_util import as_decoded
 
 SER = TaggedSerializer()
 KINDS = [StateKind(k) for _, k in STATES]

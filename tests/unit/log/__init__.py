@@ -1,0 +1,1 @@
+"""Unit tests of dstl_ray.log."""

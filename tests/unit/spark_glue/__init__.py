@@ -1,0 +1,1 @@
+"""Unit tests of the Spark glue's pure logic (no Spark session)."""
