@@ -41,11 +41,12 @@ def node_order(nodes: list[dict[str, Any]]) -> list[str]:
 
 
 def place_tree(base_path: str, config: ChangelogConfig, order: list[str] | None = None,
-               detached: bool = True, reconcile: Reconcile | None = None
+               detached: bool = True, *, reconcile: Reconcile | None
                ) -> dict[str, tuple[TreePosition, Any]]:
     """Create (or reuse) the node actors for ``order`` (default: every alive Ray node).
-    ``reconcile`` (``topology.membership.reconcile``): the root's membership watcher keeps
-    the tree in line with Ray's nodes with it; without it there is no watcher.
+    ``reconcile`` (``topology.membership.reconcile``; required, so no caller forgets it): the
+    root's membership watcher keeps the tree in line with Ray's nodes with it; None: no
+    watcher (the tree stays as placed).
 
     Returns node id -> (tree position, actor handle).
     """

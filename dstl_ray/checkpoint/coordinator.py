@@ -46,7 +46,14 @@ from .pending import (
 )
 from .recovery import CompletedCheckpoint, restore_backends
 from .registry import SharedStateRegistry
-from .restore import RestoreMode, load_retained, materialize_now, plan_restore, settle_files
+from .restore import (
+    RestoreMode,
+    load_retained,
+    materialize_now,
+    plan_restore,
+    register_kept,
+    settle_files,
+)
 from .savepoint import start_savepoint
 from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 
@@ -351,6 +358,7 @@ class CheckpointCoordinator:
         chosen = plan.chosen
         for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
             get_storage(c.metadata_url).delete(c.metadata_url)
+        register_kept(plan, self.registry)  # before anyone can see (and drop) them retained
         with self._lock:
             if plan.claim and chosen is not None:
                 self._next_id = max(self._next_id, chosen.checkpoint_id + 1)

@@ -126,14 +126,19 @@ def plan_restore(retained: list[CompletedCheckpoint], broken: list[tuple[str, Re
     return RestorePlan(backends, chosen, own, claim, keep, drop)
 
 
+def register_kept(plan: RestorePlan, registry: SharedStateRegistry) -> None:
+    """The kept checkpoints reference their files: before the coordinator lists them as
+    retained, so a checkpoint dropped at once releases references it holds."""
+    for c in plan.keep:
+        registry.register(c.checkpoint_id, c.files)
+
+
 def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLease,
                  job_path: str, storage: Storage, before: list[str] | None) -> None:
-    """The files side of a restore: the kept checkpoints reference their files, foreign
+    """The rest of the files side of a restore (after :func:`register_kept`): foreign
     files are protected, and, given ``before`` (a listing of the job directory taken before
     the restore wrote anything), every file in it that nothing kept uses is deleted as an
     orphan (FLIP-158 "Cleanup after recovery"), by the lease's holder only."""
-    for c in plan.keep:
-        registry.register(c.checkpoint_id, c.files)
     if plan.foreign and plan.chosen is not None:
         registry.protect(plan.chosen.files)
     if before is not None:

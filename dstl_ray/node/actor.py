@@ -98,7 +98,8 @@ class ChangelogNode:
                                              self._flush, self.counters)
         self._router = Router(self._place, config, self._peers, self._sources, self._flush,
                               self.counters, self.metrics,
-                              release_here=lambda *a: self._intake.release(*a))
+                              release_here=lambda *a: self._intake.release(*a),
+                              clock=clock)
         self._intake = Intake(self._place, self._peers, self._jobs, self._dead_writers,
                               self._sources, self._batching, self._router, self._flush,
                               self.counters, self.metrics, clock, self._spawn)

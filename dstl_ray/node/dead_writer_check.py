@@ -22,6 +22,7 @@ from .stats import NodeCounters
 
 log = logging.getLogger(__name__)
 
+LOOKUP_WAIT_S = 5.0  # how long a call waits for its driver's job-table look-up
 VETTED_MAX = 10_000  # Ray jobs a node remembers having looked up (dstl_ray.node.dead_writers)
 # Ray's job table is read on a thread of its own: a slow GCS (or a table of every Spark
 # worker ever started) must not hold up the threads that write and delete files
@@ -123,7 +124,11 @@ class DeadWriterCheck:
                 _JOB_TABLE, dead_ray_job_ids, {rj})
             self._lookups[rj] = lookup
             lookup.add_done_callback(lambda _f: self._lookups.pop(rj, None))
-        dead = await asyncio.shield(lookup)
+        try:  # bounded: a slow job table must not hold up requests (a restarted node that
+            # missed a fence is the rare case this look-up is for)
+            dead = await asyncio.wait_for(asyncio.shield(lookup), LOOKUP_WAIT_S)
+        except TimeoutError:
+            dead = None
         if dead is None:
             return  # no answer: looked up again on its next call
         if len(self.dead.vetted) >= VETTED_MAX:

@@ -19,7 +19,7 @@ from ..log.handle import Segment
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
-from .batching import Pending
+from .batching import Clock, Pending
 from .flush import Flusher, Result
 from .namespaces import Caller
 from .peers import Peers, Place
@@ -60,8 +60,10 @@ class Router:
 
     def __init__(self, place: Place, config: ChangelogConfig, peers: Peers, sources: Sources,
                  flusher: Flusher, counters: NodeCounters, metrics: NodeMetrics,
-                 release_here: ReleaseHere) -> None:
+                 release_here: ReleaseHere, clock: Clock | None = None) -> None:
         self.place = place
+        # the batches' clock: their arrival and deadlines are its times
+        self._now = clock.now if clock is not None else time.monotonic
         self.config = config
         self.peers = peers
         self.sources = sources
@@ -105,7 +107,7 @@ class Router:
         """Send ``batch`` within the in-flight byte budget; resolve every sender's future."""
         if self.budget is None:
             self.budget = ByteBudget(self.config.in_flight_limit)
-        now = time.monotonic()
+        now = self._now()
         for p in batch:  # their senders gave up already: write nothing for them
             if now > p.deadline and not p.future.done():
                 self.counters.deadline_expired += len(p.requests)
@@ -136,7 +138,7 @@ class Router:
             for p in batch:
                 mine = results[pos:pos + len(p.requests)]
                 pos += len(p.requests)
-                if time.monotonic() > p.deadline:
+                if self._now() > p.deadline:
                     # its sender stopped waiting: what we wrote for it is nobody's
                     self.counters.deadline_expired += len(p.requests)
                     await self.release_late(p.requests, mine)
@@ -157,7 +159,7 @@ class Router:
             await self.sources.sync_registration()
         # the parent gets what is left of our deadline, less what we need to flush ourselves
         # should it fail: then no level's timeout expires together with its parent's
-        budget = deadline - time.monotonic() - self.flush_reserve() - REPLY_GRACE_S
+        budget = deadline - self._now() - self.flush_reserve() - REPLY_GRACE_S
         if flush or budget <= 0:
             return await self.flusher.flush(requests, spans)
         target = self.upstream()
