@@ -56,6 +56,7 @@ from .state.records import (
     TaggedSerializer,
     ValueStateDescriptor,
 )
+from .state.ttl import StateTtlConfig
 from .transport.direct import DirectTransport
 from .upload.hedging import HedgePolicy
 from .upload.uploader import Uploader
@@ -106,6 +107,7 @@ __all__ = [
     "StateDescriptor",
     "StateError",
     "StateKind",
+    "StateTtlConfig",
     "StorageError",
     "TaggedSerializer",
     "Uploader",

@@ -188,7 +188,7 @@ class Tables:
     def sid_map(self, states: Any) -> list[int]:
         """Register ``states`` (a component's spec); their local state ids."""
         out = []
-        for name, kind in states:
+        for name, kind, *_ttl in states:
             sid = self.names.get(name)
             if sid is None:
                 sid = self.names[name] = len(self.kinds)

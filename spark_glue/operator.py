@@ -30,13 +30,14 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 from dstl_ray.checkpoint.coordinator import CheckpointCoordinator
 from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
-from dstl_ray.errors import ConfigError
+from dstl_ray.errors import ConfigError, StateError
+from dstl_ray.state.ttl import StateTtlConfig
 
 from .worker import TaskSpec, UpdateFn, run_partition, subtask_of
 
@@ -113,6 +114,29 @@ def is_replay(job_id: str, batch_id: int, latest_id: int | None) -> bool:
         f"for a new checkpointLocation, or restart with the job's old checkpointLocation")
 
 
+def ttl_spec(state_ttl: Mapping[str, StateTtlConfig | float] | None
+             ) -> tuple[tuple[str, StateTtlConfig], ...]:
+    """The operator's ``state_ttl`` as tasks carry it, checked on the driver (a bad TTL fails
+    the operator's construction, not a task): a :class:`ConfigError` names the state."""
+    if state_ttl is None:
+        return ()
+    if not isinstance(state_ttl, Mapping):
+        raise ConfigError(f"state_ttl must map state names to seconds or StateTtlConfig, got "
+                          f"{state_ttl!r}")
+    out = []
+    for name, ttl in state_ttl.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"state_ttl: bad state name {name!r}")
+        try:
+            cfg = StateTtlConfig.of(ttl)
+        except StateError as e:
+            raise ConfigError(f"state_ttl of state {name!r}: {e}") from None
+        if cfg is None:
+            raise ConfigError(f"state_ttl of state {name!r} is None; leave the state out")
+        out.append((name, cfg))
+    return tuple(sorted(out, key=lambda x: x[0]))
+
+
 class KeyedStatefulOperator:
     """``foreachBatch`` callable: per-key state over micro-batches with exactly-once state.
 
@@ -125,6 +149,12 @@ class KeyedStatefulOperator:
 
     ``history`` holds the :class:`BatchStats` of the last ``history_limit`` batches (None:
     all of them, for bounded runs that summarize every batch).
+
+    ``state_ttl`` maps state names to a time-to-live (seconds or a
+    :class:`~dstl_ray.state.ttl.StateTtlConfig`, Flink's StateTtlConfig semantics: processing
+    time, refreshed by writes, an expired entry reads as absent and is dropped at
+    materialization and restore). A state's TTL may change between runs; adding or removing
+    one for a state that already has entries is refused (:class:`~dstl_ray.errors.StateError`).
     """
 
     def __init__(self, job_id: str, key: str, update: UpdateFn, *,
@@ -132,7 +162,8 @@ class KeyedStatefulOperator:
                  parallelism: int | None = None, max_parallelism: int = 128,
                  materialization_interval: float | None = 10.0, retained: int = 3,
                  sink: Sink | None = None, spark: Any = None, sticky: bool = True,
-                 history_limit: int | None = 1000) -> None:
+                 history_limit: int | None = 1000,
+                 state_ttl: Mapping[str, StateTtlConfig | float] | None = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -150,6 +181,7 @@ class KeyedStatefulOperator:
                                           or history_limit < 1):
             raise ConfigError(f"history_limit must be an int >= 1 or None (unbounded), got "
                               f"{history_limit!r}")
+        self.state_ttl = ttl_spec(state_ttl)
         self.job_id = job_id
         self.key = key
         self.update = update
@@ -209,7 +241,8 @@ class KeyedStatefulOperator:
                         latest.metadata_url if latest else None,
                         subsumed_watermark=cc.subsumed_watermark(),
                         caller_namespace=self.caller_namespace,
-                        incarnation=str(cc.incarnation))
+                        incarnation=str(cc.incarnation),
+                        state_ttl=self.state_ttl)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

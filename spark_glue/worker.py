@@ -16,13 +16,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
 from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.state.backend import ChangelogKeyedStateBackend
+from dstl_ray.state.ttl import StateTtlConfig
 
 from .placement import executor_id
 
@@ -57,6 +58,8 @@ class TaskSpec:
     # the job's state per run and never free a new run's merged files with an old one's
     # knowledge
     incarnation: str = ""
+    # state name -> its TTL (dstl_ray.state.ttl): the operator's state_ttl
+    state_ttl: tuple[tuple[str, StateTtlConfig], ...] = ()
 
 
 class ValueView:
@@ -117,20 +120,24 @@ class MapView:
 
 
 class KeyedState:
-    """The states of one key, handed to the user's update function."""
+    """The states of one key, handed to the user's update function. A state named in
+    ``ttl`` (the operator's ``state_ttl``) expires as :mod:`dstl_ray.state.ttl` says:
+    writes refresh it, reads do not, and an expired entry reads as absent."""
 
-    def __init__(self, backend: ChangelogKeyedStateBackend, key: Any) -> None:
+    def __init__(self, backend: ChangelogKeyedStateBackend, key: Any,
+                 ttl: Mapping[str, StateTtlConfig] | None = None) -> None:
         self.key = key
         self._b = backend
+        self._ttl = ttl or {}
 
     def value(self, name: str) -> ValueView:
-        return ValueView(self._b.value_state(name), self.key)
+        return ValueView(self._b.value_state(name, self._ttl.get(name)), self.key)
 
     def list(self, name: str) -> ListView:
-        return ListView(self._b.list_state(name), self.key)
+        return ListView(self._b.list_state(name, self._ttl.get(name)), self.key)
 
     def map(self, name: str) -> MapView:
-        return MapView(self._b.map_state(name), self.key)
+        return MapView(self._b.map_state(name, self._ttl.get(name)), self.key)
 
 
 @dataclass
@@ -262,8 +269,9 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
             by_key.setdefault(key, []).append(row)
             n += 1
         outputs: list[Any] = []
+        ttl = dict(spec.state_ttl)
         for key, key_rows in by_key.items():
-            out = spec.update(key, key_rows, KeyedState(backend, key))
+            out = spec.update(key, key_rows, KeyedState(backend, key, ttl))
             if out is not None:
                 outputs.extend(out)
         t1 = time.perf_counter()

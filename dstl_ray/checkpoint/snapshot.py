@@ -29,6 +29,7 @@ from ..format.materialized import (
     parse_job,
     parse_states,
     read_sections,
+    states_json,
 )
 from ..keygroups import KeyGroupRange
 from ..log.handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
@@ -59,7 +60,7 @@ class ChangelogComponent:
         return self.restrict or self.handle.key_group_range
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"type": "changelog", "job": self.job, "states": [list(s) for s in self.states],
+        d = {"type": "changelog", "job": self.job, "states": states_json(self.states),
              "handle": self.handle.to_dict()}
         if self.restrict is not None:
             d["restrict"] = self.restrict.to_json()

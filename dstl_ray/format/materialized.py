@@ -40,7 +40,10 @@ _U32 = struct.Struct("<I")
 HEADER_SIZE = _HEAD.size + 4
 SECTION_HEADER_SIZE = _SEC.size + 4
 
-StatesSpec = tuple[tuple[str, str], ...]  # index = state id of the writing backend: (name, kind)
+# index = state id of the writing backend: (name, kind), or (name, kind, ttl ms) for a state
+# whose values carry write timestamps (dstl_ray.state.ttl)
+StateSpec = tuple[str, str] | tuple[str, str, int]
+StatesSpec = tuple[StateSpec, ...]
 TablesSnapshot = list[dict[int, dict[bytes, Any]]]  # [state id][key group][key] -> value
 
 
@@ -58,21 +61,37 @@ def parse_job(job: object) -> str | None:
 
 def parse_states(value: object) -> StatesSpec:
     """A component's states, ``[[name, kind], ...]`` (the index is the writer's state id): at
-    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once."""
+    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once. A
+    state with a TTL is ``[name, kind, {"ttl_ms": n}]`` (its values carry timestamps)."""
     if not isinstance(value, list) or len(value) > 65535:
         raise HandleError(f"states must be a list of at most 65535, got {show(value)}")
-    out: list[tuple[str, str]] = []
+    out: list[StateSpec] = []
     seen: set[str] = set()
     for s in value:
-        if (not isinstance(s, list) or len(s) != 2 or not isinstance(s[0], str)
+        if (not isinstance(s, list) or len(s) not in (2, 3) or not isinstance(s[0], str)
                 or not 0 < len(s[0]) <= 200 or not isinstance(s[1], str)
                 or s[1] not in _KINDS):
             raise HandleError(f"bad state spec {show(s)}")
         if s[0] in seen:
             raise HandleError(f"state {show(s[0])} is listed twice")
         seen.add(s[0])
-        out.append((s[0], s[1]))
+        if len(s) == 3:
+            opts = s[2]
+            if (not isinstance(opts, dict) or set(opts) != {"ttl_ms"}
+                    or isinstance(opts["ttl_ms"], bool) or not isinstance(opts["ttl_ms"], int)
+                    or not 0 < opts["ttl_ms"] < 2**63):
+                raise HandleError(f"bad state spec options {show(opts)} (expected "
+                                  f"{{\"ttl_ms\": positive int}})")
+            out.append((s[0], s[1], opts["ttl_ms"]))
+        else:
+            out.append((s[0], s[1]))
     return tuple(out)
+
+
+def states_json(states: StatesSpec) -> list[list[Any]]:
+    """``states`` as handles write them (:func:`parse_states` reads them back); a state
+    without TTL is ``[name, kind]``, exactly as before TTL existed."""
+    return [[s[0], s[1], {"ttl_ms": s[2]}] if len(s) > 2 else [s[0], s[1]] for s in states]
 
 
 @dataclass(frozen=True)
@@ -102,7 +121,7 @@ class MaterializedHandle:
     def to_dict(self) -> dict[str, Any]:
         return {"type": "materialized", "job": self.job, "path": self.path,
                 "key_groups": self.key_group_range.to_json(),
-                "states": [list(s) for s in self.states],
+                "states": states_json(self.states),
                 "sections": [list(s) for s in self.sections], "size": self.size,
                 "sqn": self.sqn, **({"offset": self.offset} if self.offset else {})}
 
@@ -147,7 +166,7 @@ def encode_file(tables: TablesSnapshot, states: StatesSpec, key_group_range: Key
     parts = [head, _U32.pack(crc32c(head))]
     pos = HEADER_SIZE
     sections = []
-    kinds = [StateKind(k) for _, k in states]
+    kinds = [StateKind(s[1]) for s in states]
     pack = _U32.pack
     for kg in key_group_range:
         recs: list[bytes] = []

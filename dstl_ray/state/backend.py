@@ -12,7 +12,8 @@ threads and take the backend lock for step 4 (FLIP: "Task Mailbox can be used").
 delete runs under the lock: what the lock's holders free goes to the background deleter
 (:mod:`dstl_ray.storage.deleter`), and ``close`` waits for it.
 
-Parts kept elsewhere: restoring from snapshots (:mod:`dstl_ray.state.restore`), the files
+Parts kept elsewhere: access to one state (:mod:`dstl_ray.state.access`), state TTL
+(:mod:`dstl_ray.state.ttl`), restoring from snapshots (:mod:`dstl_ray.state.restore`), the files
 the snapshots name with their registry pins and merged segments
 (:mod:`dstl_ray.state.files`), and whole-table copies and dumps
 (:mod:`dstl_ray.state.tables`).
@@ -25,147 +26,34 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..checkpoint.registry import SharedStateRegistry
 from ..checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
 from ..errors import CheckpointError, DstlError, KeyGroupError, StateError
 from ..format.materialized import MAT_SUFFIX, MaterializedHandle, StatesSpec
-from ..keygroups import KeyGroupRange, assign_key_group
+from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from ..storage.deleter import background_deleter
 from ..storage.registry import get_storage
+from .access import _STATE_CLASSES, ListState, MapState, ValueState, _State
 from .files import SnapshotFiles, write_full
 from .records import (
     ListStateDescriptor,
     MapStateDescriptor,
-    Op,
     Serializer,
     StateDescriptor,
     StateKind,
     TaggedSerializer,
     ValueStateDescriptor,
-    encode,
-    join_items,
 )
 from .restore import RestoreSource, restore_state
 from .tables import copy_tables, dump_tables
+from .ttl import StateTtlConfig, check_ttl_change, now_ms, purge_expired, strip_stamps
 
 log = logging.getLogger(__name__)
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dstl-mat")
-
-
-class _State:
-    def __init__(self, backend: ChangelogKeyedStateBackend, sid: int) -> None:
-        self._b, self._sid = backend, sid
-        self._t = backend._tables[sid]
-
-    def _kg(self, key: Any) -> tuple[int, bytes]:
-        b = self._b
-        kg = assign_key_group(key, b.max_parallelism)
-        if kg not in b.key_group_range:
-            raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
-                                f"range {b.key_group_range.start}..{b.key_group_range.end}")
-        return kg, b._ser.serialize(key)
-
-    def _log(self, kg: int, rec: bytes) -> None:
-        self._b._writer.append(kg, rec)
-
-    def clear(self, key: Any) -> None:
-        kg, k = self._kg(key)
-        op = {StateKind.VALUE: Op.VALUE_CLEAR, StateKind.LIST: Op.LIST_CLEAR,
-              StateKind.MAP: Op.MAP_CLEAR}[self._b._kinds[self._sid]]
-        with self._b._lock:
-            self._log(kg, encode(op, self._sid, k))
-            self._t.get(kg, {}).pop(k, None)
-
-    def keys(self) -> Iterator[Any]:
-        """Every key with a value in this state (all key groups of the backend)."""
-        de = self._b._ser.deserialize
-        for d in list(self._t.values()):
-            for k in list(d):
-                yield de(k)
-
-
-class ValueState(_State):
-    def value(self, key: Any, default: Any = None) -> Any:
-        kg, k = self._kg(key)
-        v = self._t.get(kg, {}).get(k)
-        return default if v is None else self._b._ser.deserialize(v)
-
-    def update(self, key: Any, value: Any) -> None:
-        if value is None:
-            self.clear(key)
-            return
-        kg, k = self._kg(key)
-        v = self._b._ser.serialize(value)
-        with self._b._lock:
-            self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
-            d = self._t.get(kg)
-            if d is None:
-                d = self._t[kg] = {}
-            d[k] = v
-
-
-class ListState(_State):
-    def get(self, key: Any) -> list[Any]:
-        kg, k = self._kg(key)
-        de = self._b._ser.deserialize
-        return [de(v) for v in self._t.get(kg, {}).get(k, ())]
-
-    def add(self, key: Any, value: Any) -> None:
-        kg, k = self._kg(key)
-        v = self._b._ser.serialize(value)
-        with self._b._lock:
-            self._log(kg, encode(Op.LIST_ADD, self._sid, k, v))
-            self._t.setdefault(kg, {}).setdefault(k, []).append(v)
-
-    def update(self, key: Any, values: Sequence[Any]) -> None:
-        kg, k = self._kg(key)
-        items = [self._b._ser.serialize(v) for v in values]
-        with self._b._lock:
-            self._log(kg, encode(Op.LIST_SET, self._sid, k, join_items(items)))
-            d = self._t.setdefault(kg, {})
-            if items:
-                d[k] = items
-            else:
-                d.pop(k, None)
-
-
-class MapState(_State):
-    def get(self, key: Any, user_key: Any, default: Any = None) -> Any:
-        kg, k = self._kg(key)
-        v = self._t.get(kg, {}).get(k, {}).get(self._b._ser.serialize(user_key))
-        return default if v is None else self._b._ser.deserialize(v)
-
-    def items(self, key: Any) -> dict[Any, Any]:
-        kg, k = self._kg(key)
-        de = self._b._ser.deserialize
-        return {de(uk): de(v) for uk, v in self._t.get(kg, {}).get(k, {}).items()}
-
-    def put(self, key: Any, user_key: Any, value: Any) -> None:
-        kg, k = self._kg(key)
-        uk, v = self._b._ser.serialize(user_key), self._b._ser.serialize(value)
-        with self._b._lock:
-            self._log(kg, encode(Op.MAP_PUT, self._sid, k, v, uk))
-            self._t.setdefault(kg, {}).setdefault(k, {})[uk] = v
-
-    def remove(self, key: Any, user_key: Any) -> None:
-        kg, k = self._kg(key)
-        uk = self._b._ser.serialize(user_key)
-        with self._b._lock:
-            self._log(kg, encode(Op.MAP_REMOVE, self._sid, k, b"", uk))
-            d = self._t.get(kg, {})
-            m = d.get(k)
-            if m is not None:
-                m.pop(uk, None)
-                if not m:
-                    del d[k]
-
-
-_STATE_CLASSES = {StateKind.VALUE: ValueState, StateKind.LIST: ListState,
-                  StateKind.MAP: MapState}
 
 
 class ChangelogKeyedStateBackend:
@@ -182,7 +70,8 @@ class ChangelogKeyedStateBackend:
                  executor: concurrent.futures.Executor | None = None,
                  materialize_in_background: bool = False,
                  file_merging: FileMergingOptions | None = None,
-                 incarnation: str = "") -> None:
+                 incarnation: str = "",
+                 ttl_clock: Callable[[], float] = time.time) -> None:
         if not key_group_range.end < max_parallelism:
             raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
                                 f"{max_parallelism}")
@@ -193,6 +82,8 @@ class ChangelogKeyedStateBackend:
         self.job_path: str = client.job_path
         self.materialization_interval = materialization_interval
         self._clock = clock
+        # processing time of state TTL, in seconds since the epoch: stamps outlive processes
+        self._ttl_clock = ttl_clock
         self._ser: Serializer = serializer or TaggedSerializer()
         self._pool = executor or _POOL
         self._storage = get_storage(self.job_path)
@@ -207,6 +98,7 @@ class ChangelogKeyedStateBackend:
         self._names: dict[str, int] = {}
         self._kinds: list[StateKind] = []
         self._tables: list[dict[int, dict[bytes, Any]]] = []
+        self._ttls: list[int | None] = []  # per state id: TTL in ms (dstl_ray.state.ttl)
         self._closed = False
         self._files = SnapshotFiles(self._storage, self.job_path, self.job_id, operator_id,
                                     key_group_range, self._merging, lock=self._lock,
@@ -220,6 +112,8 @@ class ChangelogKeyedStateBackend:
         restored = restore_state(restore, key_group_range, self.job_id, self._register_state,
                                  self._tables, self._kinds, self._merging)
         self._files.restored(restored.components, restored.files)
+        # entries expired at restore time are never restored (TTL full-snapshot cleanup)
+        self._purge_expired()
         self._writer = client.create_writer(operator_id, key_group_range)
         self._writer.incarnation = incarnation
         # restored changelog in nodes' merged files: our snapshots name it until our first
@@ -240,7 +134,10 @@ class ChangelogKeyedStateBackend:
 
     # ------------------------------------------------------------------ states
 
-    def _register_state(self, name: str, kind: StateKind) -> int:
+    def _register_state(self, name: str, kind: StateKind, ttl_ms: int | None = None) -> int:
+        """The id of state ``name``, registering it if new. Whether its values carry TTL
+        timestamps cannot change (Flink refuses to restore a state with TTL enabled or
+        disabled the other way); a new TTL duration applies from now on."""
         sid = self._names.get(name)
         if sid is None:
             if len(self._kinds) >= 65535:
@@ -248,28 +145,43 @@ class ChangelogKeyedStateBackend:
             sid = self._names[name] = len(self._kinds)
             self._kinds.append(kind)
             self._tables.append({})
+            self._ttls.append(ttl_ms)
         elif self._kinds[sid] is not kind:
             raise StateError(f"state {name!r} is a {self._kinds[sid].value} state, not "
                              f"{kind.value}")
+        else:
+            self._ttls[sid] = check_ttl_change(name, self._ttls[sid], ttl_ms)
         return sid
 
     def get_state(self, descriptor: StateDescriptor) -> _State:
+        ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else None
         with self._lock:
-            sid = self._register_state(descriptor.name, descriptor.kind)
+            sid = self._register_state(descriptor.name, descriptor.kind, ttl)
         return _STATE_CLASSES[descriptor.kind](self, sid)
 
-    def value_state(self, name: str) -> ValueState:
-        return self.get_state(ValueStateDescriptor(name))  # type: ignore[return-value]
+    def value_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> ValueState:
+        return self.get_state(ValueStateDescriptor(name, ttl))  # type: ignore[return-value]
 
-    def list_state(self, name: str) -> ListState:
-        return self.get_state(ListStateDescriptor(name))  # type: ignore[return-value]
+    def list_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> ListState:
+        return self.get_state(ListStateDescriptor(name, ttl))  # type: ignore[return-value]
 
-    def map_state(self, name: str) -> MapState:
-        return self.get_state(MapStateDescriptor(name))  # type: ignore[return-value]
+    def map_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> MapState:
+        return self.get_state(MapStateDescriptor(name, ttl))  # type: ignore[return-value]
 
     def _states_spec(self) -> StatesSpec:
         by_sid = sorted(self._names.items(), key=lambda kv: kv[1])
-        return tuple((n, self._kinds[sid].value) for n, sid in by_sid)
+        return tuple((n, self._kinds[sid].value) if self._ttls[sid] is None
+                     else (n, self._kinds[sid].value, self._ttls[sid])
+                     for n, sid in by_sid)
+
+    def _purge_expired(self) -> int:
+        """Drop the entries of TTL states expired now from the live tables (with the lock
+        held, or before the backend is shared). Unlogged: an expired entry stays expired, so
+        any restore drops it as well."""
+        if all(t is None for t in self._ttls):
+            return 0
+        return purge_expired(self._tables, self._kinds, self._ttls,
+                             now_ms(self._ttl_clock()))
 
     @property
     def writer(self) -> Any:
@@ -342,6 +254,7 @@ class ChangelogKeyedStateBackend:
         """A full, self-contained snapshot written under ``target_dir`` (FLINK-5053); it does
         not occupy the materialization slot."""
         with self._lock:
+            self._purge_expired()  # expired entries are never saved
             tables, states = copy_tables(self._tables, self._kinds), self._states_spec()
         rel = f"{uuid.uuid4().hex}{MAT_SUFFIX}"
 
@@ -377,6 +290,7 @@ class ChangelogKeyedStateBackend:
             if sqn == self._files.materialized_sqn and not force and (
                     not base or isinstance(base[0], MaterializedHandle) and len(base) == 1):
                 return None
+            self._purge_expired()  # expired entries never reach a materialized file
             tables, states = copy_tables(self._tables, self._kinds), self._states_spec()  # step 2
             result: concurrent.futures.Future = concurrent.futures.Future()
             self._mat_future = result  # done only after step 4
@@ -458,7 +372,12 @@ class ChangelogKeyedStateBackend:
     def dump(self) -> dict[str, dict[Any, Any]]:
         """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""
         with self._lock:
-            return dump_tables(self._names, self._kinds, self._tables, self._ser.deserialize)
+            tables = self._tables
+            if any(t is not None for t in self._ttls):  # live entries only, no stamps
+                tables = copy_tables(tables, self._kinds)
+                purge_expired(tables, self._kinds, self._ttls, now_ms(self._ttl_clock()))
+                strip_stamps(tables, self._kinds, self._ttls)
+            return dump_tables(self._names, self._kinds, tables, self._ser.deserialize)
 
     # ------------------------------------------------------------------ shutdown
 

@@ -13,6 +13,9 @@ Record format, version 1 (stable, little-endian, never pickle)::
     [ value bytes to the end of the record ]         (VALUE_SET, LIST_ADD, MAP_PUT)
     [ u32 length | item ... to the end ]             (LIST_SET: the whole list)
 
+Values of a state with a TTL carry an 8-byte write timestamp before the serialized value
+(:mod:`dstl_ray.state.ttl`); the record layout is the same.
+
 Keys and values are bytes produced by a pluggable :class:`Serializer`; the default
 :class:`TaggedSerializer` is a simple, safe tagged binary encoding of None, bool, int, float,
 str, bytes, lists (tuples decode as lists) and dicts.
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FormatError, StateError
+from .ttl import StateTtlConfig
 
 RECORD_VERSION = 1
 HDR = struct.Struct("<BBHI")
@@ -55,28 +59,35 @@ class StateKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class StateDescriptor:
-    """Names one keyed state of a backend (Flink's StateDescriptor)."""
+    """Names one keyed state of a backend (Flink's StateDescriptor). ``ttl`` (seconds or a
+    :class:`~dstl_ray.state.ttl.StateTtlConfig`; Flink's ``enableTimeToLive``) lets its
+    entries expire (:mod:`dstl_ray.state.ttl`); None keeps them until cleared."""
 
     name: str
     kind: StateKind
+    ttl: StateTtlConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
             raise StateError(f"state name must be a non-empty str of <= 200 chars, "
                              f"got {self.name!r}")
         object.__setattr__(self, "kind", StateKind(self.kind))
+        object.__setattr__(self, "ttl", StateTtlConfig.of(self.ttl))
 
 
-def ValueStateDescriptor(name: str) -> StateDescriptor:  # noqa: N802 - Flink's name
-    return StateDescriptor(name, StateKind.VALUE)
+def ValueStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None  # noqa: N802
+                         ) -> StateDescriptor:  # Flink's name
+    return StateDescriptor(name, StateKind.VALUE, ttl)  # type: ignore[arg-type]
 
 
-def ListStateDescriptor(name: str) -> StateDescriptor:  # noqa: N802
-    return StateDescriptor(name, StateKind.LIST)
+def ListStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None  # noqa: N802
+                        ) -> StateDescriptor:
+    return StateDescriptor(name, StateKind.LIST, ttl)  # type: ignore[arg-type]
 
 
-def MapStateDescriptor(name: str) -> StateDescriptor:  # noqa: N802
-    return StateDescriptor(name, StateKind.MAP)
+def MapStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None  # noqa: N802
+                       ) -> StateDescriptor:
+    return StateDescriptor(name, StateKind.MAP, ttl)  # type: ignore[arg-type]
 
 
 @runtime_checkable

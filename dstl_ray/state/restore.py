@@ -28,6 +28,7 @@ from ..format.materialized import MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
 from .records import StateKind, apply_records
+from .ttl import spec_ttl
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,13 @@ class RestoredState:
 
 
 def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRange, job_id: str,
-                  register_state: Callable[[str, StateKind], int],
+                  register_state: Callable[[str, StateKind, int | None], int],
                   tables: list[dict[int, dict[bytes, Any]]], kinds: list[StateKind],
                   merging: SubtaskFileManager | None) -> RestoredState:
     """Apply every source's changes in ``key_group_range`` to ``tables``.
 
-    ``register_state`` maps a state name and kind to its id, appending to ``tables`` and
-    ``kinds`` for a new state (the backend's own registration, so restored and later states
+    ``register_state`` maps a state name, kind and TTL (ms, None without; values of a TTL
+    state carry timestamps) to its id, appending to ``tables`` and ``kinds`` for a new state (the backend's own registration, so restored and later states
     share ids). A file that cannot be read or decoded raises :class:`RestoreError` naming the
     checkpoint and the file."""
     base: list[Component] = []
@@ -75,7 +76,8 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                 continue
             files = component_files(comp, src.base_path, src.own_dir)
             try:
-                sid_map = [register_state(n, StateKind(k)) for n, k in comp.states]
+                sid_map = [register_state(s[0], StateKind(s[1]), spec_ttl(s))
+                           for s in comp.states]
                 # each file through its own URL's storage: the checkpoint may live on
                 # another file system than this job (a savepoint restored elsewhere)
                 for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):

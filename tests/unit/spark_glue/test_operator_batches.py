@@ -62,6 +62,7 @@ class Driver:
         op.sink, op._spark, op._parallelism, op.sticky, op._placement = None, object(), 1, \
             False, {}
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
+        op.state_ttl = ()
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)
         op.epoch = uuid.uuid4().hex

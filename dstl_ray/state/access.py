@@ -1,0 +1,168 @@
+"""Access to one keyed state of a :class:`~dstl_ray.state.backend.ChangelogKeyedStateBackend`:
+ValueState, ListState and MapState (FLIP-158 "StateBackend / Tracking the changes").
+
+Every change is applied to the backend's table AND appended to its changelog writer as one
+record (:mod:`dstl_ray.state.records`). States with a TTL stamp what they write and never
+return an expired entry (:mod:`dstl_ray.state.ttl`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..errors import KeyGroupError
+from ..keygroups import assign_key_group
+from .records import Op, StateKind, encode, join_items
+from .ttl import STAMP_SIZE, alive, now_ms, stamp
+
+
+class _State:
+    def __init__(self, backend: Any, sid: int) -> None:
+        self._b, self._sid = backend, sid
+        self._t = backend._tables[sid]
+
+    def _kg(self, key: Any) -> tuple[int, bytes]:
+        b = self._b
+        kg = assign_key_group(key, b.max_parallelism)
+        if kg not in b.key_group_range:
+            raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
+                                f"range {b.key_group_range.start}..{b.key_group_range.end}")
+        return kg, b._ser.serialize(key)
+
+    def _log(self, kg: int, rec: bytes) -> None:
+        self._b._writer.append(kg, rec)
+
+    def _ttl(self) -> tuple[int | None, int]:
+        """This state's TTL in ms (None: none) and the processing time now (ms)."""
+        ttl = self._b._ttls[self._sid]
+        return ttl, (now_ms(self._b._ttl_clock()) if ttl is not None else 0)
+
+    def _stamped(self, v: bytes) -> bytes:
+        """``v`` as this state stores it (update-on-write: a write stamps it with now)."""
+        ttl = self._b._ttls[self._sid]
+        return v if ttl is None else stamp(v, now_ms(self._b._ttl_clock()))
+
+    def clear(self, key: Any) -> None:
+        kg, k = self._kg(key)
+        op = {StateKind.VALUE: Op.VALUE_CLEAR, StateKind.LIST: Op.LIST_CLEAR,
+              StateKind.MAP: Op.MAP_CLEAR}[self._b._kinds[self._sid]]
+        with self._b._lock:
+            self._log(kg, encode(op, self._sid, k))
+            self._t.get(kg, {}).pop(k, None)
+
+    def keys(self) -> Iterator[Any]:
+        """Every key with a value in this state (all key groups of the backend); with a TTL,
+        only keys with a live value (list element, map entry)."""
+        de = self._b._ser.deserialize
+        ttl, now = self._ttl()
+        value = self._b._kinds[self._sid] is StateKind.VALUE
+        for d in list(self._t.values()):
+            for k, v in list(d.items()):
+                if ttl is None or (alive(v, now, ttl) if value else
+                                   any(alive(x, now, ttl) for x in
+                                       (v.values() if isinstance(v, dict) else v))):
+                    yield de(k)
+
+
+class ValueState(_State):
+    def value(self, key: Any, default: Any = None) -> Any:
+        kg, k = self._kg(key)
+        v = self._t.get(kg, {}).get(k)
+        if v is None:
+            return default
+        ttl, now = self._ttl()
+        if ttl is not None:
+            if not alive(v, now, ttl):
+                return default  # NeverReturnExpired
+            v = v[STAMP_SIZE:]
+        return self._b._ser.deserialize(v)
+
+    def update(self, key: Any, value: Any) -> None:
+        if value is None:
+            self.clear(key)
+            return
+        kg, k = self._kg(key)
+        v = self._stamped(self._b._ser.serialize(value))
+        with self._b._lock:
+            self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
+            d = self._t.get(kg)
+            if d is None:
+                d = self._t[kg] = {}
+            d[k] = v
+
+
+class ListState(_State):
+    def get(self, key: Any) -> list[Any]:
+        kg, k = self._kg(key)
+        de = self._b._ser.deserialize
+        items = self._t.get(kg, {}).get(k, ())
+        ttl, now = self._ttl()
+        if ttl is None:
+            return [de(v) for v in items]
+        return [de(v[STAMP_SIZE:]) for v in items if alive(v, now, ttl)]  # per element
+
+    def add(self, key: Any, value: Any) -> None:
+        kg, k = self._kg(key)
+        v = self._stamped(self._b._ser.serialize(value))
+        with self._b._lock:
+            self._log(kg, encode(Op.LIST_ADD, self._sid, k, v))
+            self._t.setdefault(kg, {}).setdefault(k, []).append(v)
+
+    def update(self, key: Any, values: Sequence[Any]) -> None:
+        kg, k = self._kg(key)
+        items = [self._stamped(self._b._ser.serialize(v)) for v in values]
+        with self._b._lock:
+            self._log(kg, encode(Op.LIST_SET, self._sid, k, join_items(items)))
+            d = self._t.setdefault(kg, {})
+            if items:
+                d[k] = items
+            else:
+                d.pop(k, None)
+
+
+class MapState(_State):
+    def get(self, key: Any, user_key: Any, default: Any = None) -> Any:
+        kg, k = self._kg(key)
+        v = self._t.get(kg, {}).get(k, {}).get(self._b._ser.serialize(user_key))
+        if v is None:
+            return default
+        ttl, now = self._ttl()
+        if ttl is not None:
+            if not alive(v, now, ttl):
+                return default  # NeverReturnExpired, per entry
+            v = v[STAMP_SIZE:]
+        return self._b._ser.deserialize(v)
+
+    def items(self, key: Any) -> dict[Any, Any]:
+        kg, k = self._kg(key)
+        de = self._b._ser.deserialize
+        m = self._t.get(kg, {}).get(k, {})
+        ttl, now = self._ttl()
+        if ttl is None:
+            return {de(uk): de(v) for uk, v in m.items()}
+        return {de(uk): de(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
+
+    def put(self, key: Any, user_key: Any, value: Any) -> None:
+        kg, k = self._kg(key)
+        uk = self._b._ser.serialize(user_key)
+        v = self._stamped(self._b._ser.serialize(value))
+        with self._b._lock:
+            self._log(kg, encode(Op.MAP_PUT, self._sid, k, v, uk))
+            self._t.setdefault(kg, {}).setdefault(k, {})[uk] = v
+
+    def remove(self, key: Any, user_key: Any) -> None:
+        kg, k = self._kg(key)
+        uk = self._b._ser.serialize(user_key)
+        with self._b._lock:
+            self._log(kg, encode(Op.MAP_REMOVE, self._sid, k, b"", uk))
+            d = self._t.get(kg, {})
+            m = d.get(k)
+            if m is not None:
+                m.pop(uk, None)
+                if not m:
+                    del d[k]
+
+
+_STATE_CLASSES = {StateKind.VALUE: ValueState, StateKind.LIST: ListState,
+                  StateKind.MAP: MapState}
