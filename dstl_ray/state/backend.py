@@ -99,6 +99,8 @@ class ChangelogKeyedStateBackend:
         self._kinds: list[StateKind] = []
         self._tables: list[dict[int, dict[bytes, Any]]] = []
         self._ttls: list[int | None] = []  # per state id: TTL in ms (dstl_ray.state.ttl)
+        # state ids whose TTL this run's get_state gave (a restored spec's may be outdated)
+        self._ttl_confirmed: set[int] = set()
         self._closed = False
         self._files = SnapshotFiles(self._storage, self.job_path, self.job_id, operator_id,
                                     key_group_range, self._merging, lock=self._lock,
@@ -112,8 +114,9 @@ class ChangelogKeyedStateBackend:
         restored = restore_state(restore, key_group_range, self.job_id, self._register_state,
                                  self._tables, self._kinds, self._merging)
         self._files.restored(restored.components, restored.files)
-        # entries expired at restore time are never restored (TTL full-snapshot cleanup)
-        self._purge_expired()
+        # entries expired now are not dropped yet: this run may give a state a longer TTL
+        # than the checkpoint's spec; reads never return expired entries, and the first
+        # materialization after get_state confirmed the TTL leaves them out
         self._writer = client.create_writer(operator_id, key_group_range)
         self._writer.incarnation = incarnation
         # restored changelog in nodes' merged files: our snapshots name it until our first
@@ -157,6 +160,7 @@ class ChangelogKeyedStateBackend:
         ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else None
         with self._lock:
             sid = self._register_state(descriptor.name, descriptor.kind, ttl)
+            self._ttl_confirmed.add(sid)
         return _STATE_CLASSES[descriptor.kind](self, sid)
 
     def value_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> ValueState:
@@ -176,12 +180,12 @@ class ChangelogKeyedStateBackend:
 
     def _purge_expired(self) -> int:
         """Drop the entries of TTL states expired now from the live tables (with the lock
-        held, or before the backend is shared). Unlogged: an expired entry stays expired, so
-        any restore drops it as well."""
-        if all(t is None for t in self._ttls):
+        held), for states whose TTL this run confirmed (``get_state``). Unlogged: an expired
+        entry stays expired, and reads never return it."""
+        ttls = [t if sid in self._ttl_confirmed else None for sid, t in enumerate(self._ttls)]
+        if all(t is None for t in ttls):
             return 0
-        return purge_expired(self._tables, self._kinds, self._ttls,
-                             now_ms(self._ttl_clock()))
+        return purge_expired(self._tables, self._kinds, ttls, now_ms(self._ttl_clock()))
 
     @property
     def writer(self) -> Any:

@@ -56,6 +56,9 @@ class StateVisibility(enum.StrEnum):
     NEVER_RETURN_EXPIRED = "NeverReturnExpired"
 
 
+MAX_TTL_MS = 1 << 63  # exclusive: the metadata parser takes ttl_ms < 2**63
+
+
 @dataclass(frozen=True)
 class StateTtlConfig:
     """Time-to-live of the entries of one state (Flink's ``StateTtlConfig``): ``ttl`` seconds
@@ -69,9 +72,10 @@ class StateTtlConfig:
     def __post_init__(self) -> None:
         t = self.ttl
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
-                or t * 1000 < 1:
-            raise StateError(f"state TTL must be a finite number of seconds >= 0.001, got "
-                             f"{t!r}")
+                or t * 1000 < 1 or round(t * 1000) >= MAX_TTL_MS:
+            raise StateError(f"state TTL must be a finite number of seconds from 0.001 to "
+                             f"{MAX_TTL_MS // 1000} (checkpoint metadata stores it as a "
+                             f"signed 64-bit number of ms), got {t!r}")
         try:
             object.__setattr__(self, "update_type", UpdateType(self.update_type))
             object.__setattr__(self, "state_visibility",
@@ -119,48 +123,58 @@ def check_stamped(stored: bytes) -> None:
 
 def purge_expired(tables: list[dict[int, dict[bytes, Any]]], kinds: Sequence[str],
                   ttls: Sequence[int | None], now: int) -> int:
-    """Drop every entry of a TTL state expired at ``now`` from ``tables`` (in place): values,
-    list elements, map entries; keys left empty go too. Returns how many entries went.
-    Raises :class:`~dstl_ray.errors.FormatError` on a stored value too short for a stamp
-    (a spec that does not fit its file)."""
+    """Drop every entry of a TTL state expired at ``now`` from ``tables``: values, list
+    elements, map entries; keys left empty go too. Returns how many entries went.
+
+    Never changes a list, a map or a key group's dict in place: it puts new ones in their
+    place (the caller holds the backend's lock, as writers do), because the task thread reads
+    without the lock, and a list shortened under its iterator skips live elements, a dict
+    shrunk under it raises. Raises :class:`~dstl_ray.errors.FormatError` on a stored value
+    too short for a stamp (a spec that does not fit its file)."""
     dropped = 0
     for sid, ttl in enumerate(ttls):
         if ttl is None:
             continue
         kind = kinds[sid]
-        for d in tables[sid].values():
-            dead = []
+        for kg, d in list(tables[sid].items()):
+            changed = False
+            nd: dict[bytes, Any] = {}
             for key, v in d.items():
                 if kind == "value":
                     check_stamped(v)
                     if _unpack(v)[0] + ttl <= now:
-                        dead.append(key)
+                        dropped += 1
+                        changed = True
+                        continue
+                    nd[key] = v
                 elif kind == "list":
                     keep = []
                     for x in v:
                         check_stamped(x)
                         if _unpack(x)[0] + ttl > now:
                             keep.append(x)
-                    dropped += len(v) - len(keep)
                     if len(keep) != len(v):
-                        v[:] = keep
-                    if not keep:
-                        dead.append(key)
+                        dropped += len(v) - len(keep)
+                        changed = True
+                        if keep:
+                            nd[key] = keep  # a new list
+                    else:
+                        nd[key] = v
                 else:
-                    gone = []
+                    live = {}
                     for uk, x in v.items():
                         check_stamped(x)
-                        if _unpack(x)[0] + ttl <= now:
-                            gone.append(uk)
-                    dropped += len(gone)
-                    for uk in gone:
-                        del v[uk]
-                    if not v:
-                        dead.append(key)
-            if kind == "value":
-                dropped += len(dead)
-            for key in dead:
-                del d[key]
+                        if _unpack(x)[0] + ttl > now:
+                            live[uk] = x
+                    if len(live) != len(v):
+                        dropped += len(v) - len(live)
+                        changed = True
+                        if live:
+                            nd[key] = live  # a new dict
+                    else:
+                        nd[key] = v
+            if changed:
+                tables[sid][kg] = nd  # (an existing key: the outer dict keeps its size)
     return dropped
 
 

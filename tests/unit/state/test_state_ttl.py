@@ -213,13 +213,19 @@ def test_expired_entries_are_dropped_at_restore(materialized):
     assert r.dump() == {"v": {"old": 1, "new": 2}, "l": {"k": ["old", "new"]},
                         "m": {"k": {"old": 1, "new": 2}}}
     r.close()
-    # restored after the first generation expired: it is not in the tables at all
+    # restored after the first generation expired: never returned; once this run confirmed
+    # the TTL (get_state), the next materialization leaves it out of the tables and files
     r = restore_from(base, snap, Clock(T0 + 12))
+    assert r.dump() == {"v": {"new": 2}, "l": {"k": ["new"]}, "m": {"k": {"new": 2}}}
+    assert r.value_state("v", 10).value("old") is None
+    assert r.list_state("l", 10).get("k") == ["new"]
+    assert r.map_state("m", 10).items("k") == {"new": 2}
+    r.value_state("other").update("z", 1)  # a change, so there is something to materialize
+    r.materialize().result(timeout=30)
     ser = d.TaggedSerializer().serialize
     assert raw_keys(r, "v") == {ser("new")}
     sid = r._names["l"]
     assert [len(x) for t in r._tables[sid].values() for x in t.values()] == [1]
-    assert r.dump() == {"v": {"new": 2}, "l": {"k": ["new"]}, "m": {"k": {"new": 2}}}
     # the TTL came back with the spec: the restored entries still expire on time
     r._ttl_clock = Clock(T0 + 18)
     assert r.value_state("v", 10).value("new") is None
@@ -327,3 +333,54 @@ def test_a_keys_state_expires_between_micro_batches():
     r = restore_from(base, snap, Clock(T0 + 31))  # a retried batch 2 restores checkpoint 1
     assert r.dump() == {"last": {"b": 2}, "seen": {"b": [2]}}
     r.close()
+
+
+def test_a_longer_ttl_given_after_a_restore_keeps_entries_the_old_one_expired():
+    """The TTL of this run counts, not the checkpoint's: restored 20 s after a write with
+    ttl 10, an entry read with ttl 100 is live, also after a materialization. (Purging at
+    restore with the checkpoint's TTL dropped it.)"""
+    base, clock = new_base(), Clock()
+    b = backend(base, clock)
+    b.value_state("v", 10).update("a", 1)
+    snap = b.snapshot(checkpoint_id=1).result(timeout=30)
+    b.close()
+    r = restore_from(base, snap, Clock(T0 + 20))
+    v = r.value_state("v", 100)
+    assert v.value("a") == 1
+    r.materialize().result(timeout=30)
+    assert v.value("a") == 1
+    r.close()
+
+
+def test_a_purge_never_changes_what_a_reader_holds():
+    """The task thread reads without the backend's lock while a materialization purges:
+    a list or map it iterates is never shortened under it (a list shortened in place
+    made a read skip live elements; a map shrunk in place raised)."""
+    base, clock = new_base(), Clock()
+    b = backend(base, clock)
+    lst, m = b.list_state("l", 10), b.map_state("m", 10)
+    lst.add("k", "old")
+    m.put("k", "old", 1)
+    clock.t = T0 + 5
+    lst.add("k", "e1")
+    lst.add("k", "e2")
+    m.put("k", "new", 2)
+    sl, sm = b._names["l"], b._names["m"]
+    held_list = next(iter(b._tables[sl].values()))[next(iter(next(iter(
+        b._tables[sl].values()))))]
+    held_map = next(iter(b._tables[sm].values()))[next(iter(next(iter(
+        b._tables[sm].values()))))]
+    held_list_items, held_map_items = list(held_list), dict(held_map)
+    clock.t = T0 + 12  # "old" expired
+    b.materialize().result(timeout=30)
+    assert list(held_list) == held_list_items and dict(held_map) == held_map_items
+    assert lst.get("k") == ["e1", "e2"] and m.items("k") == {"new": 2}
+    b.close()
+
+
+def test_a_ttl_too_large_for_the_metadata_is_refused():
+    """ttl_ms is stored as a signed 64-bit number: a larger one made checkpoints that
+    could not be restored."""
+    with pytest.raises(StateError, match="64-bit"):
+        d.StateTtlConfig(1e17)
+    assert d.StateTtlConfig(9e15).ttl_ms < (1 << 63)
