@@ -114,9 +114,7 @@ class ChangelogKeyedStateBackend:
         restored = restore_state(restore, key_group_range, self.job_id, self._register_state,
                                  self._tables, self._kinds, self._merging)
         self._files.restored(restored.components, restored.files)
-        # entries expired now are not dropped yet: this run may give a state a longer TTL
-        # than the checkpoint's spec; reads never return expired entries, and the first
-        # materialization after get_state confirmed the TTL leaves them out
+        # (expired entries stay until get_state confirms this run's TTL: it may be longer)
         self._writer = client.create_writer(operator_id, key_group_range)
         self._writer.incarnation = incarnation
         # restored changelog in nodes' merged files: our snapshots name it until our first
