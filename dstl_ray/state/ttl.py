@@ -136,43 +136,31 @@ def purge_expired(tables: list[dict[int, dict[bytes, Any]]], kinds: Sequence[str
         if ttl is None:
             continue
         kind = kinds[sid]
+
+        def alive(x: bytes, ttl: int = ttl) -> bool:
+            check_stamped(x)
+            return _unpack(x)[0] + ttl > now
+
         for kg, d in list(tables[sid].items()):
             changed = False
             nd: dict[bytes, Any] = {}
             for key, v in d.items():
                 if kind == "value":
-                    check_stamped(v)
-                    if _unpack(v)[0] + ttl <= now:
-                        dropped += 1
-                        changed = True
-                        continue
-                    nd[key] = v
+                    kept: Any = v if alive(v) else None
+                    gone = int(kept is None)
                 elif kind == "list":
-                    keep = []
-                    for x in v:
-                        check_stamped(x)
-                        if _unpack(x)[0] + ttl > now:
-                            keep.append(x)
-                    if len(keep) != len(v):
-                        dropped += len(v) - len(keep)
-                        changed = True
-                        if keep:
-                            nd[key] = keep  # a new list
-                    else:
-                        nd[key] = v
+                    kept = [x for x in v if alive(x)]  # a new list
+                    gone = len(v) - len(kept)
                 else:
-                    live = {}
-                    for uk, x in v.items():
-                        check_stamped(x)
-                        if _unpack(x)[0] + ttl > now:
-                            live[uk] = x
-                    if len(live) != len(v):
-                        dropped += len(v) - len(live)
-                        changed = True
-                        if live:
-                            nd[key] = live  # a new dict
-                    else:
-                        nd[key] = v
+                    kept = {uk: x for uk, x in v.items() if alive(x)}  # a new dict
+                    gone = len(v) - len(kept)
+                if not gone:
+                    nd[key] = v
+                    continue
+                dropped += gone
+                changed = True
+                if kept:
+                    nd[key] = kept
             if changed:
                 tables[sid][kg] = nd  # (an existing key: the outer dict keeps its size)
     return dropped
