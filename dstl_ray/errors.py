@@ -70,6 +70,12 @@ class StateError(DstlError, ValueError):
     """Keyed state misuse: unknown or mismatched state, a value the serializer cannot encode."""
 
 
+class LocalStateError(StateError):
+    """The local working copy of a state table failed: its directory could not be made, the
+    disk is full, an I/O error, or the table was used after it was closed. The message names
+    the directory and the cause."""
+
+
 class CheckpointDeclinedError(CheckpointError):
     """A checkpoint was declined (a backend's snapshot failed, or it was subsumed/aborted)."""
 

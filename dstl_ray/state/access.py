@@ -1,8 +1,8 @@
 """Access to one keyed state of a :class:`~dstl_ray.state.backend.ChangelogKeyedStateBackend`:
 ValueState, ListState and MapState (FLIP-158 "StateBackend / Tracking the changes").
 
-Every change is applied to the backend's table AND appended to its changelog writer as one
-record (:mod:`dstl_ray.state.records`). States with a TTL stamp what they write and never
+Every change is applied to the backend's state table (:mod:`dstl_ray.state.table`: heap or
+rocksdb) AND appended to its changelog writer as one record (:mod:`dstl_ray.state.records`). States with a TTL stamp what they write and never
 return an expired entry (:mod:`dstl_ray.state.ttl`).
 """
 
@@ -14,13 +14,14 @@ from typing import Any
 from ..errors import KeyGroupError
 from ..keygroups import assign_key_group
 from .records import Op, StateKind, encode, join_items
+from .table import StateTable
 from .ttl import STAMP_SIZE, alive, now_ms, stamp
 
 
 class _State:
     def __init__(self, backend: Any, sid: int) -> None:
         self._b, self._sid = backend, sid
-        self._t = backend._tables[sid]
+        self._t: StateTable = backend._table
 
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
@@ -49,26 +50,28 @@ class _State:
               StateKind.MAP: Op.MAP_CLEAR}[self._b._kinds[self._sid]]
         with self._b._lock:
             self._log(kg, encode(op, self._sid, k))
-            self._t.get(kg, {}).pop(k, None)
+            self._t.clear(self._sid, kg, k)
 
     def keys(self) -> Iterator[Any]:
         """Every key with a value in this state (all key groups of the backend); with a TTL,
         only keys with a live value (list element, map entry)."""
         de = self._b._ser.deserialize
         ttl, now = self._ttl()
+        if ttl is None:
+            for k in self._t.keys(self._sid):
+                yield de(k)
+            return
         value = self._b._kinds[self._sid] is StateKind.VALUE
-        for d in list(self._t.values()):
-            for k, v in list(d.items()):
-                if ttl is None or (alive(v, now, ttl) if value else
-                                   any(alive(x, now, ttl) for x in
-                                       (v.values() if isinstance(v, dict) else v))):
-                    yield de(k)
+        for _kg, k, v in self._t.items(self._sid, self._b.key_group_range):
+            if alive(v, now, ttl) if value else any(
+                    alive(x, now, ttl) for x in (v.values() if isinstance(v, dict) else v)):
+                yield de(k)
 
 
 class ValueState(_State):
     def value(self, key: Any, default: Any = None) -> Any:
         kg, k = self._kg(key)
-        v = self._t.get(kg, {}).get(k)
+        v = self._t.get_value(self._sid, kg, k)
         if v is None:
             return default
         ttl, now = self._ttl()
@@ -86,17 +89,14 @@ class ValueState(_State):
         v = self._stamped(self._b._ser.serialize(value))
         with self._b._lock:
             self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
-            d = self._t.get(kg)
-            if d is None:
-                d = self._t[kg] = {}
-            d[k] = v
+            self._t.set_value(self._sid, kg, k, v)
 
 
 class ListState(_State):
     def get(self, key: Any) -> list[Any]:
         kg, k = self._kg(key)
         de = self._b._ser.deserialize
-        items = self._t.get(kg, {}).get(k, ())
+        items = self._t.get_list(self._sid, kg, k)
         ttl, now = self._ttl()
         if ttl is None:
             return [de(v) for v in items]
@@ -107,24 +107,20 @@ class ListState(_State):
         v = self._stamped(self._b._ser.serialize(value))
         with self._b._lock:
             self._log(kg, encode(Op.LIST_ADD, self._sid, k, v))
-            self._t.setdefault(kg, {}).setdefault(k, []).append(v)
+            self._t.add_to_list(self._sid, kg, k, v)
 
     def update(self, key: Any, values: Sequence[Any]) -> None:
         kg, k = self._kg(key)
         items = [self._stamped(self._b._ser.serialize(v)) for v in values]
         with self._b._lock:
             self._log(kg, encode(Op.LIST_SET, self._sid, k, join_items(items)))
-            d = self._t.setdefault(kg, {})
-            if items:
-                d[k] = items
-            else:
-                d.pop(k, None)
+            self._t.set_list(self._sid, kg, k, items)
 
 
 class MapState(_State):
     def get(self, key: Any, user_key: Any, default: Any = None) -> Any:
         kg, k = self._kg(key)
-        v = self._t.get(kg, {}).get(k, {}).get(self._b._ser.serialize(user_key))
+        v = self._t.get_map_value(self._sid, kg, k, self._b._ser.serialize(user_key))
         if v is None:
             return default
         ttl, now = self._ttl()
@@ -137,7 +133,7 @@ class MapState(_State):
     def items(self, key: Any) -> dict[Any, Any]:
         kg, k = self._kg(key)
         de = self._b._ser.deserialize
-        m = self._t.get(kg, {}).get(k, {})
+        m = self._t.get_map(self._sid, kg, k)
         ttl, now = self._ttl()
         if ttl is None:
             return {de(uk): de(v) for uk, v in m.items()}
@@ -149,19 +145,14 @@ class MapState(_State):
         v = self._stamped(self._b._ser.serialize(value))
         with self._b._lock:
             self._log(kg, encode(Op.MAP_PUT, self._sid, k, v, uk))
-            self._t.setdefault(kg, {}).setdefault(k, {})[uk] = v
+            self._t.put_map_value(self._sid, kg, k, uk, v)
 
     def remove(self, key: Any, user_key: Any) -> None:
         kg, k = self._kg(key)
         uk = self._b._ser.serialize(user_key)
         with self._b._lock:
             self._log(kg, encode(Op.MAP_REMOVE, self._sid, k, b"", uk))
-            d = self._t.get(kg, {})
-            m = d.get(k)
-            if m is not None:
-                m.pop(uk, None)
-                if not m:
-                    del d[k]
+            self._t.remove_map_value(self._sid, kg, k, uk)
 
 
 _STATE_CLASSES = {StateKind.VALUE: ValueState, StateKind.LIST: ListState,

@@ -1,8 +1,8 @@
 """``ChangelogKeyedStateBackend`` (FLIP-158 "StateBackend").
 
-Keyed ValueState, ListState and MapState over in-memory tables, per state and key group; keys
-and values are kept serialized (like a RocksDB backend), so restore and materialization move
-bytes. Every change is applied to the table AND appended to the backend's changelog writer
+Keyed ValueState, ListState and MapState in a state table (:mod:`dstl_ray.state.table`):
+``heap`` (Python dicts) or ``rocksdb`` (a local RocksDB, for state larger than memory); keys
+and values are kept serialized, so restore and materialization move bytes. Every change is applied to the table AND appended to the backend's changelog writer
 ("Tracking the changes"). Materialization runs periodically and at most one at a time
 ("Materializing state changes", steps 1-4); a checkpoint snapshot is the materialized state
 plus the changelog handle after the last materialized sqn ("Performing a checkpoint").
@@ -31,26 +31,27 @@ from typing import Any
 
 from ..checkpoint.registry import SharedStateRegistry
 from ..checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
-from ..errors import CheckpointError, DstlError, KeyGroupError, StateError
-from ..format.materialized import MAT_SUFFIX, MaterializedHandle, StatesSpec
+from ..errors import CheckpointError, DstlError, KeyGroupError
+from ..format.materialized import MAT_SUFFIX, MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from ..storage.deleter import background_deleter
 from ..storage.registry import get_storage
 from .access import _STATE_CLASSES, ListState, MapState, ValueState, _State
 from .files import SnapshotFiles, write_full
+from .names import StateNames
 from .records import (
     ListStateDescriptor,
     MapStateDescriptor,
     Serializer,
     StateDescriptor,
-    StateKind,
     TaggedSerializer,
     ValueStateDescriptor,
 )
 from .restore import RestoreSource, restore_state
-from .tables import copy_tables, dump_tables
-from .ttl import StateTtlConfig, check_ttl_change, now_ms, purge_expired, strip_stamps
+from .table import StateTable
+from .tables import dump_table, open_table
+from .ttl import StateTtlConfig, now_ms
 
 log = logging.getLogger(__name__)
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dstl-mat")
@@ -71,7 +72,8 @@ class ChangelogKeyedStateBackend:
                  materialize_in_background: bool = False,
                  file_merging: FileMergingOptions | None = None,
                  incarnation: str = "",
-                 ttl_clock: Callable[[], float] = time.time) -> None:
+                 ttl_clock: Callable[[], float] = time.time, state_backend: str = "heap",
+                 local_dir: str | None = None) -> None:
         if not key_group_range.end < max_parallelism:
             raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
                                 f"{max_parallelism}")
@@ -95,12 +97,12 @@ class ChangelogKeyedStateBackend:
                                             key_group_range, merging)
                          if merging.enabled else None)
         self._lock = threading.RLock()
-        self._names: dict[str, int] = {}
-        self._kinds: list[StateKind] = []
-        self._tables: list[dict[int, dict[bytes, Any]]] = []
-        self._ttls: list[int | None] = []  # per state id: TTL in ms (dstl_ray.state.ttl)
-        # state ids whose TTL this run's get_state gave (a restored spec's may be outdated)
-        self._ttl_confirmed: set[int] = set()
+        # "heap" or "rocksdb" (its working directory under local_dir goes on close)
+        self._table: StateTable = open_table(state_backend, key_group_range, local_dir)
+        self._states = StateNames(self._table.add_state)
+        # (the state classes of dstl_ray.state.access read these)
+        self._names, self._kinds, self._ttls = (self._states.names, self._states.kinds,
+                                                self._states.ttls)
         self._closed = False
         self._files = SnapshotFiles(self._storage, self.job_path, self.job_id, operator_id,
                                     key_group_range, self._merging, lock=self._lock,
@@ -111,8 +113,12 @@ class ChangelogKeyedStateBackend:
         self.materializations = 0
         self.materialization_failures = 0
         # FLIP-158 "Recovery and rescaling" (FLIP-306 4.5 for merged files)
-        restored = restore_state(restore, key_group_range, self.job_id, self._register_state,
-                                 self._tables, self._kinds, self._merging)
+        try:
+            restored = restore_state(restore, key_group_range, self.job_id,
+                                     self._states.register, self._table, self._merging)
+        except BaseException:
+            self._table.close()  # a rocksdb table's working directory goes with it
+            raise
         self._files.restored(restored.components, restored.files)
         # (expired entries stay until get_state confirms this run's TTL: it may be longer)
         self._writer = client.create_writer(operator_id, key_group_range)
@@ -135,30 +141,10 @@ class ChangelogKeyedStateBackend:
 
     # ------------------------------------------------------------------ states
 
-    def _register_state(self, name: str, kind: StateKind, ttl_ms: int | None = None) -> int:
-        """The id of state ``name``, registering it if new. Whether its values carry TTL
-        timestamps cannot change (Flink refuses to restore a state with TTL enabled or
-        disabled the other way); a new TTL duration applies from now on."""
-        sid = self._names.get(name)
-        if sid is None:
-            if len(self._kinds) >= 65535:
-                raise StateError("too many states")
-            sid = self._names[name] = len(self._kinds)
-            self._kinds.append(kind)
-            self._tables.append({})
-            self._ttls.append(ttl_ms)
-        elif self._kinds[sid] is not kind:
-            raise StateError(f"state {name!r} is a {self._kinds[sid].value} state, not "
-                             f"{kind.value}")
-        else:
-            self._ttls[sid] = check_ttl_change(name, self._ttls[sid], ttl_ms)
-        return sid
-
     def get_state(self, descriptor: StateDescriptor) -> _State:
         ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else None
         with self._lock:
-            sid = self._register_state(descriptor.name, descriptor.kind, ttl)
-            self._ttl_confirmed.add(sid)
+            sid = self._states.confirm(descriptor.name, descriptor.kind, ttl)
         return _STATE_CLASSES[descriptor.kind](self, sid)
 
     def value_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> ValueState:
@@ -170,20 +156,14 @@ class ChangelogKeyedStateBackend:
     def map_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> MapState:
         return self.get_state(MapStateDescriptor(name, ttl))  # type: ignore[return-value]
 
-    def _states_spec(self) -> StatesSpec:
-        by_sid = sorted(self._names.items(), key=lambda kv: kv[1])
-        return tuple((n, self._kinds[sid].value) if self._ttls[sid] is None
-                     else (n, self._kinds[sid].value, self._ttls[sid])
-                     for n, sid in by_sid)
-
     def _purge_expired(self) -> int:
         """Drop the entries of TTL states expired now from the live tables (with the lock
         held), for states whose TTL this run confirmed (``get_state``). Unlogged: an expired
         entry stays expired, and reads never return it."""
-        ttls = [t if sid in self._ttl_confirmed else None for sid, t in enumerate(self._ttls)]
+        ttls = self._states.confirmed_ttls()
         if all(t is None for t in ttls):
             return 0
-        return purge_expired(self._tables, self._kinds, ttls, now_ms(self._ttl_clock()))
+        return self._table.purge_expired(ttls, now_ms(self._ttl_clock()))
 
     @property
     def writer(self) -> Any:
@@ -223,7 +203,7 @@ class ChangelogKeyedStateBackend:
         with self._lock:
             if self._closed:
                 raise CheckpointError(f"backend of {self.operator_id} is closed")
-            base, states = self._files.base, self._states_spec()
+            base, states = self._files.base, self._states.spec()
             after = self._files.materialized_sqn
             self._files.mark_used(checkpoint_id)
             if any(isinstance(c, ChangelogComponent) for c in base):
@@ -257,7 +237,7 @@ class ChangelogKeyedStateBackend:
         not occupy the materialization slot."""
         with self._lock:
             self._purge_expired()  # expired entries are never saved
-            tables, states = copy_tables(self._tables, self._kinds), self._states_spec()
+            tables, states = self._table.view(), self._states.spec()
         rel = f"{uuid.uuid4().hex}{MAT_SUFFIX}"
 
         def run() -> KeyedStateSnapshot:
@@ -293,7 +273,7 @@ class ChangelogKeyedStateBackend:
                     not base or isinstance(base[0], MaterializedHandle) and len(base) == 1):
                 return None
             self._purge_expired()  # expired entries never reach a materialized file
-            tables, states = copy_tables(self._tables, self._kinds), self._states_spec()  # step 2
+            tables, states = self._table.view(), self._states.spec()  # step 2
             result: concurrent.futures.Future = concurrent.futures.Future()
             self._mat_future = result  # done only after step 4
             fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3
@@ -373,13 +353,9 @@ class ChangelogKeyedStateBackend:
 
     def dump(self) -> dict[str, dict[Any, Any]]:
         """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""
-        with self._lock:
-            tables = self._tables
-            if any(t is not None for t in self._ttls):  # live entries only, no stamps
-                tables = copy_tables(tables, self._kinds)
-                purge_expired(tables, self._kinds, self._ttls, now_ms(self._ttl_clock()))
-                strip_stamps(tables, self._kinds, self._ttls)
-            return dump_tables(self._names, self._kinds, tables, self._ser.deserialize)
+        with self._lock:  # live entries only, without TTL stamps
+            return dump_table(self._names, self._kinds, self._ttls, now_ms(self._ttl_clock()),
+                              self._table, self.key_group_range, self._ser.deserialize)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -401,6 +377,7 @@ class ChangelogKeyedStateBackend:
         except DstlError as e:
             log.warning("closing writer of %s: %s", self.operator_id, e)
         self._files.close()  # unpins (the registry deletes what is unused), closes merging
+        self._table.close()  # a rocksdb table deletes its working directory
         # what closing freed (unused uploads, unpinned and unused files) is gone on return
         if not self._deleter.flush(timeout=60):
             log.warning("closing %s: deletes still pending after 60 s; orphan cleanup after "

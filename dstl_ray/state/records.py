@@ -221,12 +221,14 @@ def encode(op: int, sid: int, key: bytes, value: bytes = b"", ukey: bytes | None
     return b"".join((head, key, value))
 
 
-def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKind], kg: int,
-                 sid_map: list[int] | None = None) -> None:
-    """Apply one change record of key group ``kg`` to ``tables[local sid][kg]``.
+def decode_record(rec: bytes, kinds: list[StateKind], sid_map: list[int] | None = None
+                  ) -> tuple[int, int, bytes, bytes | None, bytes]:
+    """Split one change record into ``(op, local state id, key, user key, payload)``.
 
-    ``sid_map`` translates the record's state ids (of the log that wrote it) into local ones.
-    Raises :class:`FormatError` on a torn or unknown record.
+    The user key is set for MAP_PUT and MAP_REMOVE only; the payload is the value (VALUE_SET,
+    LIST_ADD, MAP_PUT), the u32-prefixed items (LIST_SET) or empty. ``sid_map`` translates the
+    record's state id (of the log that wrote it) into a local one. Every table applies
+    records through this one check: a torn or unknown record raises :class:`FormatError`.
     """
     if len(rec) < _HSIZE:
         raise FormatError("torn state change record")
@@ -239,17 +241,12 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
     key = rec[_HSIZE:p]
     try:
         local = sid_map[sid] if sid_map is not None else sid
-        per_kg = tables[local]
+        kind = kinds[local]
     except IndexError:
         raise FormatError(f"state change names unknown state id {sid}") from None
-    if op not in _OPS[kinds[local]]:
-        raise FormatError(f"op {op} does not fit state kind {kinds[local].value}")
-    d = per_kg.get(kg)
-    if d is None:
-        d = per_kg[kg] = {}
-    if op == _VSET:
-        d[key] = rec[p:]
-    elif op in (_MPUT, _MREM):
+    if op not in _OPS[kind]:
+        raise FormatError(f"op {op} does not fit state kind {kind.value}")
+    if op in (_MPUT, _MREM):
         if p + 4 > len(rec):
             raise FormatError("torn map record")
         (ulen,) = U32.unpack_from(rec, p)
@@ -257,36 +254,52 @@ def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKin
         if end > len(rec) or (op == _MREM and end != len(rec)):
             raise FormatError(f"map user key of {ulen} bytes does not fit its record of "
                               f"{len(rec)} bytes")
-        ukey = rec[p + 4:end]
-        if op == _MPUT:
-            m = d.get(key)
-            if m is None:
-                m = d[key] = {}
-            m[ukey] = rec[end:]
-        else:
-            m = d.get(key)
-            if m is not None:
-                m.pop(ukey, None)
-                if not m:
-                    del d[key]
+        return op, local, key, rec[p + 4:end], rec[end:]
+    if op in _CLEARS and p != len(rec):
+        raise FormatError(f"clear record has {len(rec) - p} trailing bytes")
+    return op, local, key, None, rec[p:]
+
+
+def apply_record(rec: bytes, tables: list[dict[int, dict]], kinds: list[StateKind], kg: int,
+                 sid_map: list[int] | None = None) -> None:
+    """Apply one change record of key group ``kg`` to ``tables[local sid][kg]`` (the heap
+    table's dicts, :mod:`dstl_ray.state.heap`).
+
+    ``sid_map`` translates the record's state ids (of the log that wrote it) into local ones.
+    Raises :class:`FormatError` on a torn or unknown record.
+    """
+    op, local, key, ukey, payload = decode_record(rec, kinds, sid_map)
+    per_kg = tables[local]
+    d = per_kg.get(kg)
+    if d is None:
+        d = per_kg[kg] = {}
+    if op == _VSET:
+        d[key] = payload
+    elif op == _MPUT:
+        m = d.get(key)
+        if m is None:
+            m = d[key] = {}
+        m[ukey] = payload
+    elif op == _MREM:
+        m = d.get(key)
+        if m is not None:
+            m.pop(ukey, None)
+            if not m:
+                del d[key]
     elif op == _LADD:
         lst = d.get(key)
         if lst is None:
-            d[key] = [rec[p:]]
+            d[key] = [payload]
         else:
-            lst.append(rec[p:])
+            lst.append(payload)
     elif op == _LSET:
-        items = split_items(rec[p:])
+        items = split_items(payload)
         if items:
             d[key] = items
         else:
             d.pop(key, None)
-    elif op in _CLEARS:
-        if p != len(rec):
-            raise FormatError(f"clear record has {len(rec) - p} trailing bytes")
+    else:  # a clear (decode_record knows no other op)
         d.pop(key, None)
-    else:
-        raise FormatError(f"unknown state change op {op}")
 
 
 def encode_full(sid: int, kind: StateKind, key: bytes, value: Any) -> list[bytes]:

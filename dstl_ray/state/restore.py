@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..checkpoint.snapshot import (
     Component,
@@ -23,11 +22,19 @@ from ..checkpoint.snapshot import (
     component_files,
     restricted,
 )
-from ..errors import FormatError, HandleError, RestoreError, StateError, StorageError
+from ..errors import (
+    FormatError,
+    HandleError,
+    LocalStateError,
+    RestoreError,
+    StateError,
+    StorageError,
+)
 from ..format.materialized import MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
-from .records import StateKind, apply_records
+from .records import StateKind
+from .table import StateTable
 from .ttl import spec_ttl
 
 
@@ -53,13 +60,12 @@ class RestoredState:
 
 def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRange, job_id: str,
                   register_state: Callable[[str, StateKind, int | None], int],
-                  tables: list[dict[int, dict[bytes, Any]]], kinds: list[StateKind],
-                  merging: SubtaskFileManager | None) -> RestoredState:
-    """Apply every source's changes in ``key_group_range`` to ``tables``.
+                  table: StateTable, merging: SubtaskFileManager | None) -> RestoredState:
+    """Apply every source's changes in ``key_group_range`` to ``table``.
 
     ``register_state`` maps a state name, kind and TTL (ms, None without; values of a TTL
-    state carry timestamps) to its id, appending to ``tables`` and ``kinds`` for a new state (the backend's own registration, so restored and later states
-    share ids). A file that cannot be read or decoded raises :class:`RestoreError` naming the
+    state carry timestamps) to its id, adding a new state to ``table`` (the backend's own
+    registration, so restored and later states share ids). A file that cannot be read or decoded raises :class:`RestoreError` naming the
     checkpoint and the file."""
     base: list[Component] = []
     files_of_base: dict[str, str] = {}
@@ -81,7 +87,9 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                 # each file through its own URL's storage: the checkpoint may live on
                 # another file system than this job (a savepoint restored elsewhere)
                 for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
-                    apply_records(recs, tables, kinds, kg, sid_map)
+                    table.apply_records(recs, kg, sid_map)
+            except LocalStateError:
+                raise  # the local table failed (a full disk), not the checkpoint's files
             except (FormatError, StorageError, HandleError, StateError) as e:
                 path = getattr(e, "path", None) or next(
                     (u for u in files.values() if u in str(e)), ", ".join(files.values()))

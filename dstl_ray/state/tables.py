@@ -1,53 +1,60 @@
-"""Whole-table operations on a keyed state backend's in-memory tables.
-
-The tables hold serialized state, one per state id: ``{key group: {key: value}}``, where a
-value is bytes (ValueState), a list of bytes (ListState) or a dict of bytes to bytes
-(MapState). Materialization copies them atomically under the backend's lock (FLIP-158
-"Materializing state changes", step 2: the copy is then encoded while state access goes on),
-and tools read them back as plain Python objects.
-"""
+"""Operations on a keyed state backend's state table as a whole: opening one of the kinds
+(:mod:`dstl_ray.state.heap`, :mod:`dstl_ray.state.rocksdb`) and reading every state back as
+plain Python objects (tools, tests)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import StateError
+from ..keygroups import KeyGroupRange
+from .heap import HeapStateTable
 from .records import StateKind
-
-Tables = list[dict[int, dict[bytes, Any]]]
-
-
-def copy_tables(tables: Tables, kinds: Sequence[StateKind]) -> Tables:
-    """A copy of ``tables`` that later changes to them do not reach (empty key groups
-    left out)."""
-    out = []
-    for sid, per_kg in enumerate(tables):
-        kind = kinds[sid]
-        if kind is StateKind.VALUE:
-            out.append({kg: d.copy() for kg, d in per_kg.items() if d})
-        elif kind is StateKind.LIST:
-            out.append({kg: {k: list(v) for k, v in d.items()} for kg, d in per_kg.items()
-                        if d})
-        else:
-            out.append({kg: {k: dict(v) for k, v in d.items()} for kg, d in per_kg.items()
-                        if d})
-    return out
+from .rocksdb import RocksDBStateTable
+from .table import STATE_BACKENDS, StateTable
+from .ttl import STAMP_SIZE, alive
 
 
-def dump_tables(names: Mapping[str, int], kinds: Sequence[StateKind], tables: Tables,
-                deserialize: Callable[[bytes], Any]) -> dict[str, dict[Any, Any]]:
-    """Every state as plain Python objects: {state name: {key: value}}."""
+def open_table(state_backend: str, key_groups: KeyGroupRange,
+               local_dir: str | None) -> StateTable:
+    """A new, empty state table: ``"heap"`` (dicts) or ``"rocksdb"`` (a RocksDB in a working
+    directory of its own under ``local_dir``, default the system's temp directory)."""
+    if state_backend == "heap":
+        return HeapStateTable()
+    if state_backend == "rocksdb":
+        return RocksDBStateTable(key_groups, local_dir)
+    raise StateError(f"state_backend must be one of {', '.join(STATE_BACKENDS)}, "
+                     f"got {state_backend!r}")
+
+
+def dump_table(names: Mapping[str, int], kinds: Sequence[StateKind],
+               ttls: Sequence[int | None], now: int, table: StateTable,
+               key_groups: Sequence[int], deserialize: Callable[[bytes], Any]
+               ) -> dict[str, dict[Any, Any]]:
+    """Every state of ``table`` as plain Python objects: {state name: {key: value}}; entries
+    of TTL states expired at ``now`` (ms) are left out, the others lose their stamps."""
     de = deserialize
     out: dict[str, dict[Any, Any]] = {}
     for name, sid in names.items():
-        kind, d = kinds[sid], {}
-        for per_key in tables[sid].values():
-            for k, v in per_key.items():
+        kind, ttl, d = kinds[sid], ttls[sid], {}
+        for _kg, k, v in table.items(sid, key_groups):
+            if ttl is not None:
                 if kind is StateKind.VALUE:
-                    d[de(k)] = de(v)
+                    if not alive(v, now, ttl):
+                        continue
+                    v = v[STAMP_SIZE:]
                 elif kind is StateKind.LIST:
-                    d[de(k)] = [de(x) for x in v]
+                    v = [x[STAMP_SIZE:] for x in v if alive(x, now, ttl)]
                 else:
-                    d[de(k)] = {de(uk): de(x) for uk, x in v.items()}
+                    v = {uk: x[STAMP_SIZE:] for uk, x in v.items() if alive(x, now, ttl)}
+                if not v and kind is not StateKind.VALUE:
+                    continue
+            if kind is StateKind.VALUE:
+                d[de(k)] = de(v)
+            elif kind is StateKind.LIST:
+                d[de(k)] = [de(x) for x in v]
+            else:
+                d[de(k)] = {de(uk): de(x) for uk, x in v.items()}
         out[name] = d
     return out

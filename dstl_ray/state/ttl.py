@@ -166,25 +166,6 @@ def purge_expired(tables: list[dict[int, dict[bytes, Any]]], kinds: Sequence[str
     return dropped
 
 
-def strip_stamps(tables: list[dict[int, dict[bytes, Any]]], kinds: Sequence[str],
-                 ttls: Sequence[int | None]) -> None:
-    """Remove the stamps of TTL states' values from ``tables`` (a copy, in place), so they
-    hold plain serialized values (for dumps and readers)."""
-    for sid, ttl in enumerate(ttls):
-        if ttl is None:
-            continue
-        kind = kinds[sid]
-        for d in tables[sid].values():
-            for key, v in d.items():
-                if kind == "value":
-                    d[key] = v[STAMP_SIZE:]
-                elif kind == "list":
-                    v[:] = [x[STAMP_SIZE:] for x in v]
-                else:
-                    for uk in v:
-                        v[uk] = v[uk][STAMP_SIZE:]
-
-
 def check_ttl_change(name: str, had: int | None, want: int | None) -> int | None:
     """The TTL (ms) state ``name`` goes on with when its TTL was ``had`` and a descriptor
     asks for ``want``: a new duration applies from now on (Flink keeps the TTL out of
