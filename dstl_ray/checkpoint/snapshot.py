@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import HandleError
+from ..format.incremental import RocksDBHandle
 from ..format.materialized import (
     SHARED_DIR,
     MaterializedHandle,
@@ -33,6 +34,7 @@ from ..format.materialized import (
 )
 from ..keygroups import KeyGroupRange
 from ..log.handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
+from ..state.incremental import read_changes
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
 
@@ -81,7 +83,7 @@ class ChangelogComponent:
         return cls(job, parse_states(d.get("states")), handle, kgr)
 
 
-Component = MaterializedHandle | ChangelogComponent
+Component = MaterializedHandle | ChangelogComponent | RocksDBHandle
 
 
 def component_files(c: Component, base_path: str, own_dir: str) -> dict[str, str]:
@@ -89,6 +91,8 @@ def component_files(c: Component, base_path: str, own_dir: str) -> dict[str, str
     if isinstance(c, MaterializedHandle):
         url = c.url(base_path, own_dir)
         return {file_name(url): url}
+    if isinstance(c, RocksDBHandle):
+        return {file_name(u): u for u in c.urls(base_path)}
     return {file_name(u): u for u in c.handle.file_paths()}
 
 
@@ -101,6 +105,8 @@ def component_changes(c: Component, base_path: str, own_dir: str, key_groups: Ke
     if isinstance(c, MaterializedHandle):
         url = c.url(base_path, own_dir)
         yield from read_sections(storage or get_storage(url), url, c, key_groups)
+    elif isinstance(c, RocksDBHandle):
+        yield from read_changes(c, base_path, key_groups, storage)
     else:
         yield from c.handle.read_all(storage, key_groups=key_groups).items()
 
@@ -112,6 +118,8 @@ def restricted(c: Component, key_groups: KeyGroupRange) -> Component:
     if isinstance(c, MaterializedHandle):
         return dataclasses.replace(c, key_group_range=key_groups, sections=tuple(
             s for s in c.sections if s[0] in key_groups))
+    if isinstance(c, RocksDBHandle):  # its files keep every key group; readers filter
+        return dataclasses.replace(c, key_group_range=key_groups)
     return dataclasses.replace(c, restrict=key_groups)
 
 
@@ -122,6 +130,8 @@ def component_from_dict(d: object, base_path: str) -> Component:
         return MaterializedHandle.from_dict(d)
     if d.get("type") == "changelog":
         return ChangelogComponent.from_dict(d, base_path)
+    if d.get("type") == "rocksdb":
+        return RocksDBHandle.from_dict(d)
     raise HandleError(f"unknown component type {show(d.get('type'))}")
 
 

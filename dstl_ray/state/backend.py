@@ -32,6 +32,7 @@ from typing import Any
 from ..checkpoint.registry import SharedStateRegistry
 from ..checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
 from ..errors import CheckpointError, DstlError, KeyGroupError
+from ..format.incremental import RocksDBHandle
 from ..format.materialized import MAT_SUFFIX, MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
@@ -54,6 +55,7 @@ from .tables import dump_table, open_table
 from .ttl import StateTtlConfig, now_ms
 
 log = logging.getLogger(__name__)
+MATERIALIZED = (MaterializedHandle, RocksDBHandle)
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="dstl-mat")
 
 
@@ -120,6 +122,7 @@ class ChangelogKeyedStateBackend:
             self._table.close()  # a rocksdb table's working directory goes with it
             raise
         self._files.restored(restored.components, restored.files)
+        self._files.ssts.seed(restored.uploaded)  # SST files our database opened as its own
         # (expired entries stay until get_state confirms this run's TTL: it may be longer)
         self._writer = client.create_writer(operator_id, key_group_range)
         self._writer.incarnation = incarnation
@@ -270,10 +273,11 @@ class ChangelogKeyedStateBackend:
             sqn = self._writer.last_appended_sqn()  # step 1
             base = self._files.base
             if sqn == self._files.materialized_sqn and not force and (
-                    not base or isinstance(base[0], MaterializedHandle) and len(base) == 1):
+                    not base or isinstance(base[0], MATERIALIZED) and len(base) == 1):
                 return None
             self._purge_expired()  # expired entries never reach a materialized file
-            tables, states = self._table.view(), self._states.spec()  # step 2
+            # step 2: a copy of the tables, or a local RocksDB checkpoint (hard links)
+            tables, states = self._table.materialization_source(), self._states.spec()
             result: concurrent.futures.Future = concurrent.futures.Future()
             self._mat_future = result  # done only after step 4
             fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3

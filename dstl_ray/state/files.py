@@ -25,11 +25,13 @@ from typing import Any
 from ..checkpoint.registry import SharedStateRegistry
 from ..checkpoint.snapshot import Component, file_name
 from ..errors import DstlError, FormatError
+from ..format.incremental import RocksDBHandle
 from ..format.materialized import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
 from ..storage.base import Storage, join
 from ..storage.deleter import Deleter
+from .incremental import LocalCheckpoint, SstUploads
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ class SnapshotFiles:
         self._registry: SharedStateRegistry | None = None
         self._owner = uuid.uuid4().hex
         self._compacting = False
+        # SST files of the rocksdb table uploaded so far (incremental materialization)
+        self.ssts = SstUploads(storage, job_path, job_id, deleter)
+        self.last_upload_bytes = 0  # by the last materialization
 
     # ------------------------------------------------------------------ the base
 
@@ -74,35 +79,55 @@ class SnapshotFiles:
         self.base = components
         self.base_files.update(files)
 
-    def write(self, tables: list, states: StatesSpec, sqn: int) -> MaterializedHandle:
-        """FLIP-158 materialization step 3: upload the copied tables as a segment of the
+    def write(self, source: list | LocalCheckpoint, states: StatesSpec, sqn: int
+              ) -> MaterializedHandle | RocksDBHandle:
+        """FLIP-158 materialization step 3: upload a local RocksDB checkpoint incrementally
+        (its SST files not uploaded before), or the copied tables as a segment of the
         subtask's merged files (FLIP-306) or as a file of their own."""
+        if isinstance(source, LocalCheckpoint):
+            try:
+                h = self.ssts.upload(source, self._key_groups, states, sqn)
+            finally:
+                source.close()
+            self.last_upload_bytes = self.ssts.uploaded_bytes
+            return h
+        tables = source
         if self._merging is None:
             return write_full(self._storage, tables, states, self._key_groups, self._job_path,
                               f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}", self._job_id, sqn)
         data, sections = encode_file(tables, states, self._key_groups)
         rel, offset = self._merging.write(data)
+        self.last_upload_bytes = len(data)
         return MaterializedHandle(self._job_id, rel, self._key_groups, states, sections,
                                   len(data), sqn, offset)
 
-    def materialized(self, h: MaterializedHandle, sqn: int) -> None:
+    def materialized(self, h: MaterializedHandle | RocksDBHandle, sqn: int) -> None:
         """Step 4: ``h`` holds every change up to ``sqn`` and is now the base."""
         self.set_base(h)
         self.materialized_sqn = max(self.materialized_sqn, sqn)
 
-    def set_base(self, h: MaterializedHandle) -> None:
+    def set_base(self, h: MaterializedHandle | RocksDBHandle) -> None:
         """The materialized state is now ``h`` alone."""
-        url = join(self._job_path, h.path)
         self.base = (h,)
-        self.base_files = {file_name(url): url}
+        self.base_files = {file_name(u): u for u in self._urls(h)}
         if self._merging is not None:
-            self._merging.set_base(h.path, h.offset)
+            self._merging.set_base(*((h.path, h.offset) if isinstance(h, MaterializedHandle)
+                                     else (None,)))
 
-    def discard(self, h: MaterializedHandle) -> None:
+    def _urls(self, h: MaterializedHandle | RocksDBHandle) -> list[str]:
+        paths = [f.path for f in h.files()] if isinstance(h, RocksDBHandle) else [h.path]
+        return [join(self._job_path, p) for p in paths]
+
+    def discard(self, h: MaterializedHandle | RocksDBHandle) -> None:
         """Drop a materialization no checkpoint will ever include (the backend closed while
         it was written); never deletes under the lock: a slow delete would hold up state
-        access, so the background deleter does it."""
-        if self._merging is not None:
+        access, so the background deleter does it. Of an incremental one, only the files
+        the base does not name go."""
+        if isinstance(h, RocksDBHandle):
+            for url in self._urls(h):
+                if file_name(url) not in self.base_files:
+                    self._deleter.delete(self._storage, url)
+        elif self._merging is not None:
             self._merging.discard(h.path, h.offset)
         else:
             self._deleter.delete(self._storage, join(self._job_path, h.path))

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..format.incremental import RocksDBHandle, UploadedFile
+from ..keygroups import KeyGroupRange
 from . import records
+from .incremental import read_changes
 from .records import StateKind
 from .table import TableView
 from .ttl import purge_expired
@@ -120,6 +123,16 @@ class HeapStateTable:
 
     def purge_expired(self, ttls: Sequence[int | None], now: int) -> int:
         return purge_expired(self._tables, self._kinds, ttls, now)
+
+    def materialization_source(self) -> TableView:
+        return self.view()
+
+    def load_incremental(self, handle: RocksDBHandle, base_path: str,
+                         key_groups: KeyGroupRange, sid_map: list[int]
+                         ) -> dict[str, UploadedFile]:
+        for kg, recs in read_changes(handle, base_path, key_groups):
+            self.apply_records(recs, kg, sid_map)
+        return {}
 
     def view(self) -> TableView:
         return copy_tables(self._tables, self._kinds)

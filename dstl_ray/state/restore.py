@@ -30,6 +30,7 @@ from ..errors import (
     StateError,
     StorageError,
 )
+from ..format.incremental import RocksDBHandle, UploadedFile
 from ..format.materialized import MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
@@ -56,6 +57,8 @@ class RestoredState:
     components: tuple[Component, ...]  # restricted to our key groups: the backend's base
     files: dict[str, str]  # file name -> URL of every file those components name
     foreign: bool  # materialized state came from elsewhere (a rescale: write our own copy)
+    # SST files of this job the table opened as its database: uploaded already
+    uploaded: dict[str, UploadedFile]
 
 
 def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRange, job_id: str,
@@ -70,6 +73,7 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
     base: list[Component] = []
     files_of_base: dict[str, str] = {}
     foreign = False
+    uploaded: dict[str, UploadedFile] = {}
     for src in sources:
         # a restored component may cover more key groups than the snapshot holding it
         # (a backend restored after rescaling): only the snapshot's own range counts
@@ -84,10 +88,15 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
             try:
                 sid_map = [register_state(s[0], StateKind(s[1]), spec_ttl(s))
                            for s in comp.states]
-                # each file through its own URL's storage: the checkpoint may live on
-                # another file system than this job (a savepoint restored elsewhere)
-                for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
-                    table.apply_records(recs, kg, sid_map)
+                if isinstance(comp, RocksDBHandle):  # its files may become our database
+                    got = table.load_incremental(comp, src.base_path, mine, sid_map)
+                    if comp.job == job_id:
+                        uploaded.update(got)
+                else:
+                    # each file through its own URL's storage: the checkpoint may live on
+                    # another file system than this job (a savepoint restored elsewhere)
+                    for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
+                        table.apply_records(recs, kg, sid_map)
             except LocalStateError:
                 raise  # the local table failed (a full disk), not the checkpoint's files
             except (FormatError, StorageError, HandleError, StateError) as e:
@@ -103,4 +112,4 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                     merging.adopt(comp.path, comp.offset, comp.size, src.checkpoint_id)
                 else:
                     foreign = True
-    return RestoredState(tuple(base), files_of_base, foreign)
+    return RestoredState(tuple(base), files_of_base, foreign, uploaded)

@@ -3,16 +3,17 @@ state may be larger than memory (FLIP-158 is "generalized": the changelog wraps 
 backend; Flink runs it over RocksDB).
 
 One database per backend, in a working directory of its own under the directory the backend
-gives (deleted on close, and when opening fails); views for materialization are RocksDB
-checkpoints in it. Key layout, all integers big-endian::
+gives (deleted on close, and when opening fails). Keys start with their key group and state
+id (:mod:`dstl_ray.state.rocksdb_keys`), so a key-group range is one contiguous range. The
+write-ahead log is off: the changelog is what makes state durable, and a restore rebuilds the
+database.
 
-    u16 key group | u16 state id | u32 key length | key [| user key]   (user key: MapState)
-
-so every key group is one contiguous range of the database, and so is a key-group range
-(restore and rescale read and drop key groups by range). Values: ValueState the value;
-ListState the items joined as u32-length-prefixed runs (``records.join_items``); MapState
-one entry per user key, under the key's prefix. The write-ahead log is off: the changelog
-is what makes state durable, and a restore rebuilds the database.
+Materialization is incremental (:mod:`dstl_ray.state.incremental`): a local RocksDB
+checkpoint whose SST files not uploaded before are uploaded. A restore downloads a handle's
+files and, for the first one, opens them as the database and drops the key groups outside
+its range with ``delete_range`` (Flink's restore of incremental RocksDB state); any further
+handle (a rescale that merges subtasks) is copied over key group by key group. Views for
+savepoints are RocksDB checkpoints opened read-only.
 
 Errors of RocksDB or of the file system (a full disk, an I/O error, a table used after
 close) raise :class:`~dstl_ray.errors.LocalStateError` naming the directory.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import struct
 import tempfile
 import threading
 import uuid
@@ -40,30 +40,18 @@ from rocksdict import (
     WriteOptions,
 )
 
-from ..errors import LocalStateError
+from ..errors import FormatError, LocalStateError
+from ..format.incremental import RocksDBHandle, UploadedFile
 from ..keygroups import KeyGroupRange
+from .incremental import LocalCheckpoint, download
 from .records import Op, StateKind, decode_record, join_items, split_items
+from .rocksdb_keys import MAX_KEY_GROUPS, entries, entry_key, kg_prefix, scan
 from .table import TableView
 from .ttl import alive, check_stamped
 
-_PREFIX = struct.Struct(">HH")
-_KLEN = struct.Struct(">I")
-MAX_KEY_GROUPS = 1 << 16
-
-
-def kg_prefix(kg: int, sid: int) -> bytes:
-    """The first bytes of every entry of state ``sid`` in key group ``kg``."""
-    return _PREFIX.pack(kg, sid)
-
-
-def entry_key(kg: int, sid: int, key: bytes) -> bytes:
-    """The database key of ``key`` (of a value or list; a map's entries extend it)."""
-    return _PREFIX.pack(kg, sid) + _KLEN.pack(len(key)) + key
-
-
-def key_group_bounds(key_groups: KeyGroupRange) -> tuple[bytes, bytes]:
-    """``[lower, upper)`` of the database keys of a key-group range (every state)."""
-    return _PREFIX.pack(key_groups.start, 0), (key_groups.end + 1).to_bytes(2, "big")
+_BEYOND = b"\xff" * 8  # above every key (key groups are u16)
+WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
+SST_TARGET = 32 << 20
 
 
 class _Io:
@@ -95,39 +83,62 @@ class _Closed:
         raise LocalStateError(f"RocksDB state table in {self._where} is closed")
 
 
-def _scan(source: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """Entries of ``source`` (database or snapshot) whose key starts with ``prefix``."""
-    it = source.iter()
-    it.seek(prefix)
-    n = len(prefix)
-    while it.valid():
-        k = it.key()
-        if k[:n] != prefix:
-            return
-        yield k, it.value()
-        it.next()
+WORKDIR_PREFIX = "dstl-rocksdb-"
+OWNER_FILE = "OWNER"  # the pid of the process whose table uses the directory
 
 
-def _entries(source: Any, kg: int, sid: int, kind: StateKind
-             ) -> Iterator[tuple[bytes, Any]]:
-    """``(key, value)`` of state ``sid`` in key group ``kg``, values decoded by kind."""
-    cur: bytes | None = None
-    m: dict[bytes, bytes] = {}
-    for k, v in _scan(source, kg_prefix(kg, sid)):
-        (klen,) = _KLEN.unpack_from(k, 4)
-        key = k[8:8 + klen]
-        if kind is StateKind.VALUE:
-            yield key, v
-        elif kind is StateKind.LIST:
-            yield key, split_items(v)
-        else:
-            if key != cur:
-                if cur is not None:
-                    yield cur, m
-                cur, m = key, {}
-            m[k[8 + klen:]] = v
-    if cur is not None:
-        yield cur, m
+def sweep_stale(local_dir: str) -> list[str]:
+    """Delete the working directories under ``local_dir`` whose process is gone (killed
+    before it could close its table): a restarted worker would otherwise fill the disk
+    with copies of state. Returns what went."""
+    gone = []
+    try:
+        names = os.listdir(local_dir)
+    except FileNotFoundError:
+        return gone
+    for name in names:
+        path = os.path.join(local_dir, name)
+        if not name.startswith(WORKDIR_PREFIX):
+            continue
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            continue  # not ours, or being created this instant
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.increase_parallelism(2)  # flushes and compactions beside each other
+    opts.set_write_buffer_size(WRITE_BUFFER)
+    opts.set_target_file_size_base(SST_TARGET)  # uploads read one SST into memory at once
+    return opts
+
+
+def _open(path: str, where: str) -> Any:
+    """Open (or create) the database in ``path``, without a write-ahead log: the changelog
+    is the log, and a restore rebuilds the database."""
+    with _Io(where, "opening"):
+        db = Rdict(path, _options())
+        wo = WriteOptions()
+        wo.disable_wal = True
+        db.set_write_options(wo)
+    return db
 
 
 class RocksDBStateTable:
@@ -144,19 +155,16 @@ class RocksDBStateTable:
         self._guard = threading.Lock()  # views are made and read under it; close takes it
         self._views: weakref.WeakSet[_ViewDb] = weakref.WeakSet()
         with _Io(str(local_dir or tempfile.gettempdir()), "creating a working directory"):
-            self.path = tempfile.mkdtemp(prefix="dstl-rocksdb-", dir=local_dir)
+            sweep_stale(local_dir or tempfile.gettempdir())
+            self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=local_dir)
+            with open(f"{self.path}/{OWNER_FILE}", "w") as f:
+                f.write(str(os.getpid()))
+        self._read, self._write = _Io(self.path, "read"), _Io(self.path, "write")
         try:
-            with _Io(self.path, "opening"):
-                opts = Options(raw_mode=True)
-                opts.create_if_missing(True)
-                self._db: Any = Rdict(f"{self.path}/db", opts)
-                wo = WriteOptions()
-                wo.disable_wal = True  # the changelog is the log (restore rebuilds the db)
-                self._db.set_write_options(wo)
+            self._db: Any = _open(f"{self.path}/db", self.path)
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
             raise
-        self._read, self._write = _Io(self.path, "read"), _Io(self.path, "write")
 
     def add_state(self, kind: StateKind) -> None:
         self._kinds.append(kind)
@@ -198,7 +206,7 @@ class RocksDBStateTable:
         prefix = entry_key(kg, sid, key)
         n = len(prefix)
         with self._read:
-            return {k[n:]: v for k, v in _scan(self._db, prefix)}
+            return {k[n:]: v for k, v in scan(self._db, prefix)}
 
     def put_map_value(self, sid: int, kg: int, key: bytes, ukey: bytes, value: bytes) -> None:
         with self._write:
@@ -216,7 +224,7 @@ class RocksDBStateTable:
                 self._db.delete(k)
                 return
             wb = WriteBatch(raw_mode=True)
-            for ek, _ in _scan(self._db, k):
+            for ek, _ in scan(self._db, k):
                 wb.delete(ek)
             self._db.write(wb)
 
@@ -229,8 +237,8 @@ class RocksDBStateTable:
         for kg in key_groups:
             with self._read:
                 # one key group at a time: no iterator stays open between yields
-                entries = list(_entries(self._db, kg, sid, kind))
-            for k, v in entries:
+                found = list(entries(self._db, kg, sid, kind))
+            for k, v in found:
                 yield kg, k, v
 
     def apply_records(self, recs: list[bytes], kg: int, sid_map: list[int] | None) -> None:
@@ -266,8 +274,8 @@ class RocksDBStateTable:
                 wb = WriteBatch(raw_mode=True)
                 n = 0
                 with self._read:
-                    entries = list(_entries(self._db, kg, sid, kind))
-                for key, v in entries:
+                    found = list(entries(self._db, kg, sid, kind))
+                for key, v in found:
                     ek = entry_key(kg, sid, key)
                     if kind is StateKind.VALUE:
                         if not live(v):
@@ -291,6 +299,88 @@ class RocksDBStateTable:
                         self._db.write(wb)
                     dropped += n
         return dropped
+
+    # materialization and restore (dstl_ray.state.incremental)
+
+    def materialization_source(self) -> LocalCheckpoint:
+        """A local RocksDB checkpoint: the memtable is flushed, the SST files hard-linked.
+        That is all that runs under the backend's lock; uploading reads the links."""
+        with self._guard, _Io(self.path, "taking a checkpoint"):
+            os.makedirs(f"{self.path}/ckpt", exist_ok=True)
+            ckpt = LocalCheckpoint(f"{self.path}/ckpt/{uuid.uuid4().hex}")
+            try:
+                Checkpoint(self._db).create_checkpoint(ckpt.path)
+            except BaseException:
+                ckpt.close()
+                raise
+        return ckpt
+
+    def _empty(self) -> bool:
+        with self._read:
+            it = self._db.iter()
+            it.seek_to_first()
+            return not it.valid()
+
+    def load_incremental(self, handle: RocksDBHandle, base_path: str,
+                         key_groups: KeyGroupRange, sid_map: list[int]
+                         ) -> dict[str, UploadedFile]:
+        """Restore the entries of ``handle`` in ``key_groups``. Into an empty table whose
+        state ids are the handle's, the downloaded files become the database (only key
+        groups outside ``key_groups`` are dropped, by range): returns them, local name to
+        upload, as the SST files already uploaded. Otherwise entries are copied over, state
+        ids translated by ``sid_map``, and nothing is returned."""
+        tmp = f"{self.path}/restore-{uuid.uuid4().hex}"
+        try:
+            download(handle, base_path, tmp)  # (a local write error: LocalStateError)
+            if self._empty() and sid_map == list(range(len(sid_map))):
+                return self._adopt(tmp, handle, key_groups)
+            self._copy_from(tmp, key_groups, sid_map)
+            return {}
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _adopt(self, tmp: str, handle: RocksDBHandle, key_groups: KeyGroupRange
+               ) -> dict[str, UploadedFile]:
+        with self._guard:
+            with _Io(self.path, "closing"):
+                self._db.close()
+            self._db = _Closed(self.path)
+            shutil.rmtree(f"{self.path}/db", ignore_errors=True)
+            os.rename(tmp, f"{self.path}/db")
+            try:
+                self._db = _open(f"{self.path}/db", self.path)
+            except LocalStateError as e:  # the downloaded files do not form a database
+                self._db = _open(f"{self.path}/empty-{uuid.uuid4().hex}", self.path)
+                raise FormatError(f"the RocksDB files of the handle do not open: {e}",
+                                  path=handle.bundle.path) from e
+        with self._write:
+            if key_groups.start > 0:
+                self._db.delete_range(b"", kg_prefix(key_groups.start, 0))
+            if key_groups.end + 1 < MAX_KEY_GROUPS:
+                self._db.delete_range(kg_prefix(key_groups.end + 1, 0), _BEYOND)
+        return {f.name: f for f in handle.ssts}
+
+    def _copy_from(self, path: str, key_groups: KeyGroupRange, sid_map: list[int]) -> None:
+        try:
+            src = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only())
+        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+            raise FormatError(f"the RocksDB files of the handle do not open: {e}") from e
+        try:
+            for kg in key_groups:
+                wb, n = WriteBatch(raw_mode=True), 0
+                with self._read:
+                    for k, v in scan(src, kg.to_bytes(2, "big")):
+                        sid = sid_map[int.from_bytes(k[2:4], "big")]
+                        wb.put(kg_prefix(kg, sid) + k[4:], v)
+                        n += 1
+                if n:
+                    with self._write:
+                        self._db.write(wb)
+        except IndexError:
+            raise FormatError("the restored RocksDB holds a state id its handle does not "
+                              "list") from None
+        finally:
+            src.close()
 
     def view(self) -> TableView:
         """A RocksDB checkpoint of the table (hard links to its SST files, after a flush of
@@ -361,7 +451,7 @@ class _StateView(Mapping[int, Mapping[bytes, Any]]):
             if isinstance(t._db, _Closed):
                 raise LocalStateError(f"RocksDB state table in {t.path} is closed")
             with _Io(t.path, "reading a snapshot"):
-                return dict(_entries(self._src.db, kg, self._sid, self._kind))
+                return dict(entries(self._src.db, kg, self._sid, self._kind))
 
     def __getitem__(self, kg: int) -> Mapping[bytes, Any]:
         d = self._read(kg) if isinstance(kg, int) and kg in self._table.key_groups else None
@@ -376,7 +466,7 @@ class _StateView(Mapping[int, Mapping[bytes, Any]]):
                 if isinstance(t._db, _Closed):
                     raise LocalStateError(f"RocksDB state table in {t.path} is closed")
                 with _Io(t.path, "reading a snapshot"):
-                    found = next(_scan(self._src.db, kg_prefix(kg, self._sid)), None)
+                    found = next(scan(self._src.db, kg_prefix(kg, self._sid)), None)
             if found is not None:
                 yield kg
 

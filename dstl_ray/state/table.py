@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..format.incremental import RocksDBHandle, UploadedFile
+from ..keygroups import KeyGroupRange
+from .incremental import LocalCheckpoint
 from .records import StateKind
 
 STATE_BACKENDS = ("heap", "rocksdb")
@@ -86,6 +89,18 @@ class StateTable(Protocol):
         ``now`` (ms): values, list elements, map entries (:mod:`dstl_ray.state.ttl`); keys
         left empty go too. Unlogged. Returns how many entries went. Concurrent readers see
         each key either before or after."""
+
+    def materialization_source(self) -> TableView | LocalCheckpoint:
+        """What a materialization uploads, taken under the backend's lock (FLIP-158
+        "Materializing state changes", step 2): a :meth:`view` (encoded as one file), or a
+        local RocksDB checkpoint (uploaded incrementally, :mod:`dstl_ray.state.incremental`)."""
+
+    def load_incremental(self, handle: RocksDBHandle, base_path: str,
+                         key_groups: KeyGroupRange, sid_map: list[int]
+                         ) -> dict[str, UploadedFile]:
+        """Restore the entries of an incremental RocksDB materialization in ``key_groups``
+        (state ids translated by ``sid_map``). Returns the SST files the table now holds as
+        they were uploaded (local name -> upload), or {} if it copied entries instead."""
 
     def view(self) -> TableView:
         """A point-in-time view of every state that later changes do not reach; cheap to

@@ -21,7 +21,8 @@ from dstl_ray.keygroups import KeyGroupRange
 from dstl_ray.state import rocksdb
 from dstl_ray.state.heap import HeapStateTable
 from dstl_ray.state.records import Op, StateKind, encode, join_items
-from dstl_ray.state.rocksdb import RocksDBStateTable, key_group_bounds
+from dstl_ray.state.rocksdb import RocksDBStateTable
+from dstl_ray.state.rocksdb_keys import key_group_bounds
 from dstl_ray.state.table import StateTable
 
 from ..ckpt_util import MAXP, client

@@ -1,0 +1,228 @@
+"""Incremental materialization of the ``rocksdb`` state table (Flink's incremental RocksDB
+checkpoints under FLIP-158 "Materializing state changes", step 3) and its way back.
+
+Uploading (:class:`SstUploads`): a materialization of the rocksdb table is a local RocksDB
+checkpoint (:class:`LocalCheckpoint`: hard links to the database's immutable SST files).
+Only SST files not uploaded before are uploaded, in parallel (at most :data:`PARALLEL` at
+once); the others are named again by the new :class:`~dstl_ray.format.incremental.RocksDBHandle`,
+so the shared state registry keeps them while any checkpoint or the backend's base names them.
+RocksDB never reuses an SST file's name within one database, and an SST file never changes,
+so a local name identifies its bytes.
+
+Downloading (:func:`download`): a restore fetches a handle's files in parallel, checks each
+one's size and CRC32C (a missing, short or corrupt file raises an error naming it) and lays
+them out as a RocksDB directory, which the rocksdb table opens as its database or copies from
+(:mod:`dstl_ray.state.rocksdb`); :func:`read_changes` turns one into change records for any
+other reader (the heap table, fuzzers, tools).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import google_crc32c
+from rocksdict import AccessType, Options, Rdict
+
+from ..errors import FormatError, LocalStateError
+from ..format.incremental import (
+    BUNDLE_SUFFIX,
+    SST_SUFFIX,
+    RocksDBHandle,
+    UploadedFile,
+    decode_bundle,
+    encode_bundle,
+    local_name_ok,
+)
+from ..format.materialized import StatesSpec
+from ..keygroups import KeyGroupRange
+from ..storage.base import Storage, join
+from ..storage.deleter import Deleter
+from ..storage.registry import get_storage
+from .records import StateKind, encode_full
+from .rocksdb_keys import entries
+
+PARALLEL = 4  # files up- or downloaded at once per backend (each is read into memory whole)
+_IO = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dstl-sst")
+
+
+def crc32c_of(data: bytes) -> int:
+    return google_crc32c.value(data)
+
+
+@dataclass
+class LocalCheckpoint:
+    """A RocksDB checkpoint in a local directory; :meth:`close` deletes it."""
+
+    path: str
+    _closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _bounded(fn, items: list) -> list:  # noqa: ANN001 - a helper for both directions
+    """``[fn(x) for x in items]`` on the I/O pool, at most :data:`PARALLEL` at once; the
+    first error is raised after every started call ended."""
+    out: list = [None] * len(items)
+    sem = threading.Semaphore(PARALLEL)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fn(items[i])
+        finally:
+            sem.release()
+
+    futures = []
+    for i in range(len(items)):
+        sem.acquire()
+        futures.append(_IO.submit(run, i))
+        if futures[-1].done() and futures[-1].exception() is not None:
+            break
+    concurrent.futures.wait(futures)
+    for f in futures:
+        if f.exception() is not None:
+            raise f.exception()  # type: ignore[misc]
+    return out
+
+
+class SstUploads:
+    """The SST files of one rocksdb table's database uploaded so far, and where: what the
+    next materialization may name instead of uploading again."""
+
+    def __init__(self, storage: Storage, job_path: str, job_id: str,
+                 deleter: Deleter) -> None:
+        self._storage, self._job_path, self._job_id = storage, job_path, job_id
+        self._deleter = deleter
+        self._lock = threading.Lock()
+        self.known: dict[str, UploadedFile] = {}  # local SST name -> its upload
+        self.uploaded_bytes = 0  # by the last materialization (SSTs and bundle)
+
+    def seed(self, files: dict[str, UploadedFile]) -> None:
+        """After a restore that opened a handle of this job as the database: its SST files
+        are uploaded already."""
+        with self._lock:
+            self.known.update(files)
+
+    def upload(self, ckpt: LocalCheckpoint, key_groups: KeyGroupRange, states: StatesSpec,
+               sqn: int) -> RocksDBHandle:
+        """Upload what ``ckpt`` holds that is not uploaded yet and return its handle. On
+        failure, what this call uploaded is deleted again (no checkpoint names it)."""
+        names = sorted(os.listdir(ckpt.path))
+        ssts = [n for n in names if n.endswith(SST_SUFFIX)]
+        private = [n for n in names if not n.endswith(SST_SUFFIX) and local_name_ok(n)]
+        with self._lock:
+            known = dict(self.known)
+        sizes = {n: os.path.getsize(os.path.join(ckpt.path, n)) for n in ssts}
+        new = [n for n in ssts if n not in known or known[n].size != sizes[n]]
+        done: list[str] = []  # URLs written by this call
+
+        def put(name: str, data: bytes, suffix: str) -> UploadedFile:
+            rel = f"mat/{uuid.uuid4().hex}{suffix}"
+            url = join(self._job_path, rel)
+            self._storage.write_file(url, data)
+            done.append(url)
+            return UploadedFile(name, rel, len(data), crc32c_of(data))
+
+        def put_sst(name: str) -> UploadedFile:
+            with open(os.path.join(ckpt.path, name), "rb") as f:
+                return put(name, f.read(), SST_SUFFIX)
+
+        try:
+            uploaded = dict(zip(new, _bounded(put_sst, new), strict=True))
+            bundle_files = []
+            for n in private:
+                with open(os.path.join(ckpt.path, n), "rb") as f:
+                    bundle_files.append((n, f.read()))
+            bundle = put("bundle", encode_bundle(bundle_files), BUNDLE_SUFFIX)
+        except BaseException:
+            for url in done:
+                self._deleter.delete(self._storage, url)
+            raise
+        files = tuple(uploaded.get(n) or known[n] for n in ssts)
+        with self._lock:
+            self.known = {f.name: f for f in files}  # older SSTs are gone from the database
+            self.uploaded_bytes = sum(f.size for f in uploaded.values()) + bundle.size
+        return RocksDBHandle(self._job_id, key_groups, states, files, bundle, sqn)
+
+
+def download(handle: RocksDBHandle, base_path: str, dest: str,
+             storage: Storage | None = None) -> None:
+    """Lay ``handle``'s files out in the new directory ``dest`` as a RocksDB database,
+    fetching at most :data:`PARALLEL` at once. Every file's size and CRC32C is checked; a
+    file that is missing, short or corrupt raises an error naming its URL
+    (:class:`~dstl_ray.errors.StorageError` or :class:`~dstl_ray.errors.FormatError`)."""
+    root = join(base_path, handle.job)
+    _local(dest, os.makedirs, dest)
+
+    def fetch(f: UploadedFile) -> bytes:
+        url = join(root, f.path)
+        data = (storage or get_storage(url)).read_file(url)
+        if len(data) != f.size:
+            raise FormatError(f"file has {len(data)} bytes, the handle says {f.size} "
+                              f"(RocksDB {f.name})", path=url)
+        crc = crc32c_of(data)
+        if crc != f.crc:
+            raise FormatError(f"CRC32C mismatch (stored {f.crc:#010x}, computed "
+                              f"{crc:#010x}; RocksDB {f.name})", path=url)
+        return data
+
+    def fetch_sst(f: UploadedFile) -> None:
+        _write_local(os.path.join(dest, f.name), fetch(f))
+
+    _bounded(fetch_sst, list(handle.ssts))
+    bundle_url = join(root, handle.bundle.path)
+    for name, data in decode_bundle(fetch(handle.bundle), bundle_url):
+        _write_local(os.path.join(dest, name), data)
+
+
+def _local(path: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the local disk: its errors (a full disk) are
+    :class:`~dstl_ray.errors.LocalStateError` naming ``path``, not a checkpoint's fault."""
+    try:
+        return fn(*args)
+    except OSError as e:
+        raise LocalStateError(f"local state directory {path}: {e}") from e
+
+
+def _write_local(path: str, data: bytes) -> None:
+    def write() -> None:
+        with open(path, "wb") as out:
+            out.write(data)
+    _local(path, write)
+
+
+def read_changes(handle: RocksDBHandle, base_path: str, key_groups: KeyGroupRange,
+                 storage: Storage | None = None, local_dir: str | None = None
+                 ) -> Iterator[tuple[int, list[bytes]]]:
+    """(key group, change records) of ``handle`` within ``key_groups``: the records that
+    recreate its entries (as a materialized file holds them), in the state ids of the
+    handle's spec. Downloads the database into a temporary directory, deleted afterwards."""
+    tmp = tempfile.mkdtemp(prefix="dstl-rocksdb-read-", dir=local_dir)
+    try:
+        path = os.path.join(tmp, "db")
+        download(handle, base_path, path, storage)
+        db = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only())
+        try:
+            kinds = [StateKind(s[1]) for s in handle.states]
+            for kg in key_groups:
+                recs: list[bytes] = []
+                for sid, kind in enumerate(kinds):
+                    for key, value in entries(db, kg, sid, kind):
+                        recs += encode_full(sid, kind, key, value)
+                if recs:
+                    yield kg, recs
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
