@@ -80,6 +80,8 @@ def main() -> None:
                    choices=("none", "within_checkpoint", "across_checkpoints"))
     p.add_argument("--dead-writer-check", type=float, default=0.0,
                    help="seconds between the nodes' checks for dead writers (0: off)")
+    p.add_argument("--state-backend", default="heap", choices=("heap", "rocksdb"),
+                   help="the subtasks' state table (rocksdb: results as chaos_spark_rocksdb)")
     args = p.parse_args()
     rounds = args.rounds or (3 if args.quick else 12)
     big_keys = args.big_keys if args.big_keys >= 0 else (20_000 if args.quick else 1_000_000)
@@ -131,7 +133,9 @@ def main() -> None:
         def new_op() -> Any:
             return KeyedStatefulOperator("chaos", key="user", update=chaotic_update,
                                          namespace=NS, parallelism=3, max_parallelism=64,
-                                         materialization_interval=5.0, sink=sink)
+                                         materialization_interval=5.0, sink=sink,
+                                         state_backend=args.state_backend,
+                                         local_dir=str(work / "local"))
 
         op = new_op()
         n_files = 0
@@ -232,6 +236,7 @@ def main() -> None:
         "changes_lost": lost, "leaked_files": leaked, "missing_files": missing,
         "max_keys_per_batch": state["max_keys"], "big_batches": big,
         "file_merging": args.file_merging, "dead_writer_check_s": args.dead_writer_check,
+        "state_backend": args.state_backend,
         "segment_files": len(seg), "segment_files_unnamed": unnamed, "dead_writers": dead_st,
         "duration_s": round(time.time() - t_start, 1), "events": events, "machine": machine(),
     }
@@ -239,9 +244,10 @@ def main() -> None:
     fig, ax = pyplot.subplots(figsize=(7, 3))
     ax.bar(list(faults), list(faults.values()), color="tab:red")
     ax.set_ylabel("faults injected")
-    ax.set_title(f"Spark pipeline chaos: {verified} events verified, {lost} lost, "
+    ax.set_title(f"Spark pipeline chaos ({args.state_backend}): {verified} events verified, {lost} lost, "
                  f"{leaked} leaked files")
-    write_results("chaos_spark", data, fig, args.out)
+    name = "chaos_spark" + ("_rocksdb" if args.state_backend == "rocksdb" else "")
+    write_results(name, data, fig, args.out)
     if lost or leaked or missing:
         raise SystemExit(f"chaos_spark FAILED: lost={lost} leaked={leaked} missing={missing}")
 

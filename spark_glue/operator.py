@@ -37,6 +37,7 @@ from typing import Any, overload
 from dstl_ray.checkpoint.coordinator import CheckpointCoordinator
 from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
 from dstl_ray.errors import ConfigError, StateError
+from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .worker import TaskSpec, UpdateFn, run_partition, subtask_of
@@ -155,6 +156,11 @@ class KeyedStatefulOperator:
     time, refreshed by writes, an expired entry reads as absent and is dropped at
     materialization and restore). A state's TTL may change between runs; adding or removing
     one for a state that already has entries is refused (:class:`~dstl_ray.errors.StateError`).
+
+    ``state_backend`` picks where each subtask keeps its state: ``"heap"`` (Python dicts,
+    the default) or ``"rocksdb"`` (a local RocksDB per subtask, in a working directory under
+    ``local_dir`` on the executor, default its temp directory: state larger than memory,
+    incremental materialization). Checkpoints of either restore into the other.
     """
 
     def __init__(self, job_id: str, key: str, update: UpdateFn, *,
@@ -163,7 +169,8 @@ class KeyedStatefulOperator:
                  materialization_interval: float | None = 10.0, retained: int = 3,
                  sink: Sink | None = None, spark: Any = None, sticky: bool = True,
                  history_limit: int | None = 1000,
-                 state_ttl: Mapping[str, StateTtlConfig | float] | None = None) -> None:
+                 state_ttl: Mapping[str, StateTtlConfig | float] | None = None,
+                 state_backend: str = "heap", local_dir: str | None = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -182,6 +189,12 @@ class KeyedStatefulOperator:
             raise ConfigError(f"history_limit must be an int >= 1 or None (unbounded), got "
                               f"{history_limit!r}")
         self.state_ttl = ttl_spec(state_ttl)
+        if state_backend not in STATE_BACKENDS:
+            raise ConfigError(f"state_backend must be one of {', '.join(STATE_BACKENDS)}, "
+                              f"got {state_backend!r}")
+        if local_dir is not None and (not isinstance(local_dir, str) or not local_dir):
+            raise ConfigError(f"local_dir must be a directory path, got {local_dir!r}")
+        self.state_backend, self.local_dir = state_backend, local_dir
         self.job_id = job_id
         self.key = key
         self.update = update
@@ -242,7 +255,8 @@ class KeyedStatefulOperator:
                         subsumed_watermark=cc.subsumed_watermark(),
                         caller_namespace=self.caller_namespace,
                         incarnation=str(cc.incarnation),
-                        state_ttl=self.state_ttl)
+                        state_ttl=self.state_ttl, state_backend=self.state_backend,
+                        local_dir=self.local_dir)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

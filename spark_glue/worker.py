@@ -60,6 +60,9 @@ class TaskSpec:
     incarnation: str = ""
     # state name -> its TTL (dstl_ray.state.ttl): the operator's state_ttl
     state_ttl: tuple[tuple[str, StateTtlConfig], ...] = ()
+    # the state table of every subtask ("heap" | "rocksdb") and its local directory
+    state_backend: str = "heap"
+    local_dir: str | None = None
 
 
 class ValueView:
@@ -201,7 +204,9 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
     return ChangelogKeyedStateBackend(client, spec.operator_id, kgr, spec.max_parallelism,
                                       restore=sources,
                                       materialization_interval=spec.materialization_interval,
-                                      incarnation=spec.incarnation)
+                                      incarnation=spec.incarnation,
+                                      state_backend=spec.state_backend,
+                                      local_dir=spec.local_dir)
 
 
 def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any

@@ -155,6 +155,8 @@ class RocksDBStateTable:
         self._guard = threading.Lock()  # views are made and read under it; close takes it
         self._views: weakref.WeakSet[_ViewDb] = weakref.WeakSet()
         with _Io(str(local_dir or tempfile.gettempdir()), "creating a working directory"):
+            if local_dir is not None:
+                os.makedirs(local_dir, exist_ok=True)
             sweep_stale(local_dir or tempfile.gettempdir())
             self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=local_dir)
             with open(f"{self.path}/{OWNER_FILE}", "w") as f:

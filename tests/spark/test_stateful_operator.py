@@ -142,12 +142,16 @@ def test_driver_restart_between_checkpoint_and_spark_commit(spark, tree_factory,
     op2.close()
 
 
-def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path):
+@pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
+def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path,
+                                                 state_backend):
     tree = tree_factory(persist_delay_s=0.02)
     src, chk = tmp_path / "in", tmp_path / "chk"
     write_events(src, 3, 150, seed=3)
-    op = KeyedStatefulOperator("loss", key="user", update=count_and_sum, namespace=namespace,
-                               parallelism=4, max_parallelism=32, materialization_interval=1.0)
+    op = KeyedStatefulOperator(f"loss-{state_backend}", key="user", update=count_and_sum,
+                               namespace=namespace, parallelism=4, max_parallelism=32,
+                               materialization_interval=1.0, state_backend=state_backend,
+                               local_dir=str(tmp_path / "local"))
     q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
          .writeStream.foreachBatch(op).option("checkpointLocation", str(chk)).start())
     try:
@@ -173,4 +177,8 @@ def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace,
     assert op.state() == expected(spark, src)
     assert sum(s.restores for s in op.history[3:]) >= 1
     assert tree.status()
+    if state_backend == "rocksdb":  # the subtasks materialized incrementally, from RocksDB
+        comps = [type(c).__name__ for snap in
+                 op.coordinator.latest_checkpoint().metadata.snapshots for c in snap.components]
+        assert "RocksDBHandle" in comps and "MaterializedHandle" not in comps, comps
     op.close()
