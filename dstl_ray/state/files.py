@@ -93,8 +93,10 @@ class SnapshotFiles:
             return h
         tables = source
         if self._merging is None:
-            return write_full(self._storage, tables, states, self._key_groups, self._job_path,
-                              f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}", self._job_id, sqn)
+            h = write_full(self._storage, tables, states, self._key_groups, self._job_path,
+                           f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}", self._job_id, sqn)
+            self.last_upload_bytes = h.size
+            return h
         data, sections = encode_file(tables, states, self._key_groups)
         rel, offset = self._merging.write(data)
         self.last_upload_bytes = len(data)

@@ -1,0 +1,251 @@
+"""State larger than memory: the heap and rocksdb state tables side by side, with Spark's own
+RocksDB state store on the same data where it can be run (FLIP-158 is "generalized"
+incremental checkpoints: the changelog over any state backend; its target is "TBs of state").
+
+Workload: KEYS keys (20M; --quick 400k) of 100-byte values over parallelism 4 (four
+processes, one subtask each: a quarter of the keys), loaded, materialized, then ROUNDS rounds
+that each update 1% of the keys, take a checkpoint (the changelog persisted) and materialize
+(heap: the whole state as one file; rocksdb: the SST files not uploaded before). Per table:
+checkpoint p50/p99, bytes uploaded per materialization against the bytes changed since the
+last one, peak RSS per subtask (each subtask in a process of its own), recovery time of one
+subtask from its last checkpoint (materialized state + changelog, in a fresh process) and
+changelog replay MB/s. Checkpoints go through a CheckpointCoordinator per subtask on file://
+(DirectTransport: the state tables are measured, not the tree), so superseded files are
+deleted as in a job.
+
+Run: python -m experiments.large_state [--quick] [--keys N] [--rounds R] [--tables heap,rocksdb]
+     [--no-spark]
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from .common import machine, parser, percentile, plt, write_results
+
+MAXP = 128
+VALUE = 100
+PARALLELISM = 4
+LOAD_CHECKPOINT_EVERY = 500_000  # persist the changelog while loading (bounded memory)
+
+
+def _key(i: int) -> str:
+    return f"key-{i:010d}"
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _coordinator(base: str, job: str, table: str, local: str) -> tuple[Any, Any]:
+    import dstl_ray as d
+
+    client = d.StateChangelogClient(job, transport=d.DirectTransport(job, base))
+    coord = d.CheckpointCoordinator(job, base, max_parallelism=MAXP, retained=1)
+    (b,) = coord.restore(client, "op", 1, materialization_interval=None, state_backend=table,
+                         local_dir=local)
+    return coord, b
+
+
+def subtask(args: dict[str, Any]) -> dict[str, Any]:
+    """One subtask's run (in a process of its own): load, materialize, rounds."""
+    import dstl_ray as d
+
+    ser = d.TaggedSerializer()
+    rng = random.Random(args["index"])
+    lo, hi = args["lo"], args["hi"]
+    coord, b = _coordinator(args["base"], args["job"], args["table"], args["local"])
+    out: dict[str, Any] = {"index": args["index"], "keys": hi - lo}
+    try:
+        vs = b.value_state("v")
+        t0 = time.perf_counter()
+        for i in range(lo, hi):
+            vs.update(_key(i), rng.randbytes(VALUE))
+            if (i - lo + 1) % LOAD_CHECKPOINT_EVERY == 0:
+                coord.trigger_checkpoint().result()
+        out["load_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        b.materialize(force=True).result()
+        out["first_mat_s"] = time.perf_counter() - t0
+        out["first_mat_bytes"] = b._files.last_upload_bytes
+        coord.trigger_checkpoint().result()
+        ckpt_ms, mat_ms, upload, changed = [], [], [], []
+        n_upd = max(1, (hi - lo) // 100)
+        for _ in range(args["rounds"]):
+            nbytes = 0
+            for i in rng.sample(range(lo, hi), n_upd):
+                k, v = _key(i), rng.randbytes(VALUE)
+                vs.update(k, v)
+                nbytes += len(ser.serialize(k)) + len(ser.serialize(v))
+            t0 = time.perf_counter()
+            coord.trigger_checkpoint().result()
+            ckpt_ms.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            b.materialize().result()
+            mat_ms.append((time.perf_counter() - t0) * 1000)
+            upload.append(b._files.last_upload_bytes)
+            changed.append(nbytes)
+        # the recovery checkpoint: the last materialization plus 1% more in the changelog
+        for i in rng.sample(range(lo, hi), n_upd):
+            vs.update(_key(i), rng.randbytes(VALUE))
+        cc = coord.trigger_checkpoint().result()
+        out.update(ckpt_ms=ckpt_ms, mat_ms=mat_ms, upload_bytes=upload, changed_bytes=changed,
+                   checkpoint=cc.metadata_url, peak_rss_mb=_rss_mb())
+    except MemoryError as e:
+        out["error"] = f"MemoryError after {time.perf_counter() - t0:.0f} s: {e}"
+    finally:
+        coord.abandon()  # the retained checkpoint stays for the recovery run
+        b.close()
+    return out
+
+
+def recover(args: dict[str, Any]) -> dict[str, Any]:
+    """Restore one subtask from its checkpoint in a fresh process: the whole restore, and
+    the changelog alone into an empty table (the replay rate)."""
+    import dstl_ray as d
+    from dstl_ray.checkpoint.recovery import load_checkpoint
+    from dstl_ray.checkpoint.snapshot import ChangelogComponent, split_metadata_url
+    from dstl_ray.state.backend import ChangelogKeyedStateBackend, RestoreSource
+
+    cc = load_checkpoint(args["checkpoint"])
+    base, own = split_metadata_url(cc.metadata_url)
+    snap = cc.metadata.snapshots[0]
+    log_bytes = sum(seg.length for c in snap.components if isinstance(c, ChangelogComponent)
+                    for seg in c.handle.segments)
+    client = d.StateChangelogClient(args["job"] + "-r",
+                                    transport=d.DirectTransport(args["job"] + "-r", base))
+
+    def restore(components: tuple) -> float:
+        s = d.KeyedStateSnapshot(snap.operator_id, snap.key_group_range, components)
+        t0 = time.perf_counter()
+        b = ChangelogKeyedStateBackend(client, "op", snap.key_group_range, MAXP,
+                                       materialization_interval=None,
+                                       restore=[RestoreSource(s, base, own, cc.metadata_url)],
+                                       state_backend=args["table"], local_dir=args["local"])
+        dt = time.perf_counter() - t0
+        b.close()
+        return dt
+
+    full = restore(snap.components)
+    rss = _rss_mb()
+    only_log = restore(tuple(c for c in snap.components if isinstance(c, ChangelogComponent)))
+    return {"recovery_s": full, "replay_s": only_log, "changelog_bytes": log_bytes,
+            "replay_mb_s": log_bytes / max(only_log, 1e-6) / 1e6, "recovery_rss_mb": rss}
+
+
+def run_table(table: str, keys: int, rounds: int, work: str) -> dict[str, Any]:
+    base = f"file://{work}/dfs-{table}"
+    local = f"{work}/local-{table}"
+    per = keys // PARALLELISM
+    jobs = [{"index": i, "lo": i * per, "hi": (i + 1) * per, "base": base,
+             "job": f"{table}-{i}", "table": table, "local": local, "rounds": rounds}
+            for i in range(PARALLELISM)]
+    ctx = mp.get_context("spawn")
+    t0 = time.perf_counter()
+    with ctx.Pool(PARALLELISM, maxtasksperchild=1) as pool:
+        try:
+            results = pool.map(subtask, jobs)
+        except Exception as e:  # noqa: BLE001 - a subtask killed by the OOM killer
+            return {"backend": table, "keys": keys, "error": f"{type(e).__name__}: {e}"}
+    wall = time.perf_counter() - t0
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        return {"backend": table, "keys": keys, "error": errors[0]}
+    with ctx.Pool(1, maxtasksperchild=1) as pool:
+        rec = pool.apply(recover, ({**jobs[0], "checkpoint": results[0]["checkpoint"]},))
+    ckpt = [x for r in results for x in r["ckpt_ms"]]
+    upload = [x for r in results for x in r["upload_bytes"]]
+    changed = [x for r in results for x in r["changed_bytes"]]
+    ratio = [u / c for u, c in zip(upload, changed, strict=True)]
+    return {
+        "backend": table, "keys": keys,
+        "state_bytes": keys * VALUE,
+        "ckpt_ms_p50": round(percentile(ckpt, 50), 1),
+        "ckpt_ms_p99": round(percentile(ckpt, 99), 1),
+        "mat_ms_p50": round(percentile([x for r in results for x in r["mat_ms"]], 50), 1),
+        "mat_upload_bytes": round(percentile(upload, 50)),
+        "mat_upload_bytes_mean": round(sum(upload) / len(upload)),
+        "changed_bytes_per_round": round(sum(changed) / len(changed)),
+        "upload_to_changed_p50": round(percentile(ratio, 50), 2),
+        "upload_to_changed_mean": round(sum(upload) / sum(changed), 2),
+        "first_mat_bytes": sum(r["first_mat_bytes"] for r in results),
+        "first_mat_s_max": round(max(r["first_mat_s"] for r in results), 1),
+        "load_s_max": round(max(r["load_s"] for r in results), 1),
+        "peak_rss_mb": round(max(r["peak_rss_mb"] for r in results)),
+        "recovery_s": round(rec["recovery_s"], 2),
+        "recovery_rss_mb": round(rec["recovery_rss_mb"]),
+        "replay_mb_s": round(rec["replay_mb_s"], 1),
+        "wall_s": round(wall, 1),
+    }
+
+
+def run_spark_row(keys: int, rounds: int, work: str) -> dict[str, Any]:
+    """Spark's RocksDB state store on the same workload, in a process of its own (so its
+    JVM and memory do not share ours)."""
+    code = ("import json,sys; from experiments.large_state_spark import run_spark; "
+            f"print('ROW', json.dumps(run_spark({keys}, {VALUE}, {rounds}, 0.01, "
+            f"{PARALLELISM}, {work + '/spark'!r})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=6 * 3600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    for line in proc.stdout.splitlines():
+        if line.startswith("ROW "):
+            return json.loads(line[4:])
+    return {"backend": "spark-rocksdb", "keys": keys,
+            "error": (proc.stderr or proc.stdout)[-500:]}
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--keys", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=0)
+    p.add_argument("--tables", default="heap,rocksdb")
+    p.add_argument("--no-spark", action="store_true")
+    args = p.parse_args()
+    keys = args.keys or (400_000 if args.quick else 20_000_000)
+    rounds = args.rounds or (5 if args.quick else 10)
+    work = tempfile.mkdtemp(prefix="dstl-large-state-")
+    rows = []
+    try:
+        for table in args.tables.split(","):
+            row = run_table(table, keys, rounds, work)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            shutil.rmtree(f"{work}/dfs-{table}", ignore_errors=True)
+        if not args.no_spark:
+            row = run_spark_row(keys, rounds, work)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    data = {"keys": keys, "value_bytes": VALUE, "parallelism": PARALLELISM, "rounds": rounds,
+            "update_fraction": 0.01, "rows": rows, "machine": machine()}
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 4, figsize=(14, 3.2))
+    ok = [r for r in rows if "error" not in r]
+    names = [r["backend"] for r in ok]
+    for ax, (field, label) in zip(axes, [("ckpt_ms_p50", "checkpoint p50 (ms)"),
+                                         ("mat_upload_bytes", "upload per materialization (MB)"),
+                                         ("peak_rss_mb", "peak RSS per subtask (MiB)"),
+                                         ("recovery_s", "recovery (s)")], strict=True):
+        vals = [r.get(field, 0) / (1e6 if field == "mat_upload_bytes" else 1) for r in ok]
+        ax.bar(names, vals, color=["tab:blue", "tab:green", "tab:orange"][:len(vals)])
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    fig.suptitle(f"{keys:,} keys of {VALUE} B, parallelism {PARALLELISM}, 1% updated per "
+                 f"checkpoint", fontsize=10)
+    fig.tight_layout()
+    write_results("large_state", data, fig, args.out)
+
+
+if __name__ == "__main__":
+    main()
