@@ -61,8 +61,12 @@ def subtask(args: dict[str, Any]) -> dict[str, Any]:
     """One subtask's run (in a process of its own): load, materialize, rounds."""
     import dstl_ray as d
 
+    if args.get("limit_gb"):  # a MemoryError, not the machine's OOM killer
+        lim = int(args["limit_gb"] * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     ser = d.TaggedSerializer()
     rng = random.Random(args["index"])
+    t0 = time.perf_counter()
     lo, hi = args["lo"], args["hi"]
     coord, b = _coordinator(args["base"], args["job"], args["table"], args["local"])
     out: dict[str, Any] = {"index": args["index"], "keys": hi - lo}
@@ -101,8 +105,9 @@ def subtask(args: dict[str, Any]) -> dict[str, Any]:
         cc = coord.trigger_checkpoint().result()
         out.update(ckpt_ms=ckpt_ms, mat_ms=mat_ms, upload_bytes=upload, changed_bytes=changed,
                    checkpoint=cc.metadata_url, peak_rss_mb=_rss_mb())
-    except MemoryError as e:
-        out["error"] = f"MemoryError after {time.perf_counter() - t0:.0f} s: {e}"
+    except MemoryError:
+        out["error"] = (f"MemoryError at the {args['limit_gb']} GiB limit per subtask, "
+                        f"{time.perf_counter() - t0:.0f} s in, with {hi - lo:,} keys")
     finally:
         coord.abandon()  # the retained checkpoint stays for the recovery run
         b.close()
@@ -143,12 +148,14 @@ def recover(args: dict[str, Any]) -> dict[str, Any]:
             "replay_mb_s": log_bytes / max(only_log, 1e-6) / 1e6, "recovery_rss_mb": rss}
 
 
-def run_table(table: str, keys: int, rounds: int, work: str) -> dict[str, Any]:
+def run_table(table: str, keys: int, rounds: int, work: str, limit_gb: float = 0
+              ) -> dict[str, Any]:
     base = f"file://{work}/dfs-{table}"
     local = f"{work}/local-{table}"
     per = keys // PARALLELISM
     jobs = [{"index": i, "lo": i * per, "hi": (i + 1) * per, "base": base,
-             "job": f"{table}-{i}", "table": table, "local": local, "rounds": rounds}
+             "job": f"{table}-{i}", "table": table, "local": local, "rounds": rounds,
+             "limit_gb": limit_gb if table == "heap" else 0}
             for i in range(PARALLELISM)]
     ctx = mp.get_context("spawn")
     t0 = time.perf_counter()
@@ -210,6 +217,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--tables", default="heap,rocksdb")
     p.add_argument("--no-spark", action="store_true")
+    p.add_argument("--heap-limit-gb", type=float, default=5.0,
+                   help="address-space limit per heap subtask (0: none)")
     args = p.parse_args()
     keys = args.keys or (400_000 if args.quick else 20_000_000)
     rounds = args.rounds or (5 if args.quick else 10)
@@ -217,7 +226,7 @@ def main() -> None:
     rows = []
     try:
         for table in args.tables.split(","):
-            row = run_table(table, keys, rounds, work)
+            row = run_table(table, keys, rounds, work, args.heap_limit_gb)
             print(json.dumps(row), flush=True)
             rows.append(row)
             shutil.rmtree(f"{work}/dfs-{table}", ignore_errors=True)

@@ -159,14 +159,14 @@ class ChangelogKeyedStateBackend:
     def map_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> MapState:
         return self.get_state(MapStateDescriptor(name, ttl))  # type: ignore[return-value]
 
-    def _purge_expired(self) -> int:
+    def _purge_expired(self, lock: Any = None) -> int:
         """Drop the entries of TTL states expired now from the live tables (with the lock
         held), for states whose TTL this run confirmed (``get_state``). Unlogged: an expired
         entry stays expired, and reads never return it."""
         ttls = self._states.confirmed_ttls()
         if all(t is None for t in ttls):
             return 0
-        return self._table.purge_expired(ttls, now_ms(self._ttl_clock()))
+        return self._table.purge_expired(ttls, now_ms(self._ttl_clock()), lock)
 
     @property
     def writer(self) -> Any:
@@ -275,16 +275,19 @@ class ChangelogKeyedStateBackend:
             if sqn == self._files.materialized_sqn and not force and (
                     not base or isinstance(base[0], MATERIALIZED) and len(base) == 1):
                 return None
-            self._purge_expired()  # expired entries never reach a materialized file
-            # step 2: a copy of the tables, or a local RocksDB checkpoint (hard links)
-            tables, states = self._table.materialization_source(), self._states.spec()
             result: concurrent.futures.Future = concurrent.futures.Future()
             self._mat_future = result  # done only after step 4
-            fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3
+            box = [sqn]
+            if self._table.copies_under_lock:  # heap: step 2 copies the tables
+                self._purge_expired()  # expired entries never reach a materialized file
+                tables, states = self._table.materialization_source(), self._states.spec()
+                fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3
+            else:  # rocksdb: steps 1-2 are redone on the pool, after the purge
+                fut = self._pool.submit(self._checkpoint_and_write, box)
 
         def done(f: concurrent.futures.Future) -> None:  # step 4
             try:
-                self._materialized(f, sqn)
+                self._materialized(f, box[0])
             except BaseException as e:  # noqa: BLE001 - report through the future
                 result.set_exception(e)
             else:
@@ -292,6 +295,18 @@ class ChangelogKeyedStateBackend:
 
         fut.add_done_callback(done)
         return result
+
+    def _checkpoint_and_write(self, box: list[int]) -> Any:
+        """Materialization of a table whose snapshot is a local checkpoint: the TTL purge
+        holds the lock for one key group at a time, then steps 1-2 hold it only while the
+        local RocksDB checkpoint (a flush and hard links) is taken; step 3 uploads."""
+        self._purge_expired(self._lock)
+        with self._lock:
+            if self._closed:
+                raise CheckpointError("backend closed during materialization")
+            box[0] = self._writer.last_appended_sqn()
+            source, states = self._table.materialization_source(), self._states.spec()
+        return self._files.write(source, states, box[0])
 
     def _materialized(self, f: concurrent.futures.Future, sqn: int) -> None:
         self._materialized_locked(f, sqn)

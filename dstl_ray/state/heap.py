@@ -45,6 +45,7 @@ class HeapStateTable:
     """:class:`~dstl_ray.state.table.StateTable` over dicts."""
 
     name = "heap"
+    copies_under_lock = True
 
     def __init__(self) -> None:
         self._tables: Tables = []
@@ -121,8 +122,11 @@ class HeapStateTable:
     def apply_records(self, recs: list[bytes], kg: int, sid_map: list[int] | None) -> None:
         records.apply_records(recs, self._tables, self._kinds, kg, sid_map)
 
-    def purge_expired(self, ttls: Sequence[int | None], now: int) -> int:
-        return purge_expired(self._tables, self._kinds, ttls, now)
+    def purge_expired(self, ttls: Sequence[int | None], now: int, lock: Any = None) -> int:
+        if lock is None:
+            return purge_expired(self._tables, self._kinds, ttls, now)
+        with lock:
+            return purge_expired(self._tables, self._kinds, ttls, now)
 
     def materialization_source(self) -> TableView:
         return self.view()

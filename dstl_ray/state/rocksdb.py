@@ -21,13 +21,14 @@ close) raise :class:`~dstl_ray.errors.LocalStateError` naming the directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rocksdict import (
@@ -150,6 +151,7 @@ class RocksDBStateTable:
     """:class:`~dstl_ray.state.table.StateTable` over a local RocksDB of ``key_groups``."""
 
     name = "rocksdb"
+    copies_under_lock = False
 
     def __init__(self, key_groups: KeyGroupRange, local_dir: str | None = None) -> None:
         if key_groups.end >= MAX_KEY_GROUPS:
@@ -285,9 +287,10 @@ class RocksDBStateTable:
             with self._write:
                 self._db.write(wb)
 
-    def purge_expired(self, ttls: Sequence[int | None], now: int) -> int:
+    def purge_expired(self, ttls: Sequence[int | None], now: int, lock: Any = None) -> int:
         """Flink's full-scan cleanup, key group by key group, in one write batch each (a
-        reader sees a key before or after, never half). Costs a scan of the TTL states."""
+        reader sees a key before or after, never half). Costs a scan of the TTL states;
+        given ``lock``, writes go on between key groups."""
         dropped = 0
         for sid, ttl in enumerate(ttls):
             if ttl is None:
@@ -299,34 +302,42 @@ class RocksDBStateTable:
                 return alive(x, now, ttl)
 
             for kg in self.key_groups:
-                wb = WriteBatch(raw_mode=True)
-                n = 0
-                with self._read:
-                    found = list(entries(self._db, kg, sid, kind))
-                for key, v in found:
-                    ek = entry_key(kg, sid, key)
-                    if kind is StateKind.VALUE:
-                        if not live(v):
-                            wb.delete(ek)
-                            n += 1
-                    elif kind is StateKind.LIST:
-                        kept = [x for x in v if live(x)]
-                        if len(kept) != len(v):
-                            n += len(v) - len(kept)
-                            if kept:
-                                wb.put(ek, join_items(kept))
-                            else:
-                                wb.delete(ek)
-                    else:
-                        for uk, x in v.items():
-                            if not live(x):
-                                wb.delete(ek + uk)
-                                n += 1
-                if n:
-                    with self._write:
-                        self._db.write(wb)
-                    dropped += n
+                dropped += self._purge_key_group(kg, sid, kind, live, lock)
         return dropped
+
+    def _purge_key_group(self, kg: int, sid: int, kind: StateKind,
+                         live: Callable[[bytes], bool], lock: Any) -> int:
+        with lock or contextlib.nullcontext():
+            return self._purge_locked(kg, sid, kind, live)
+
+    def _purge_locked(self, kg: int, sid: int, kind: StateKind,
+                      live: Callable[[bytes], bool]) -> int:
+        wb, n = WriteBatch(raw_mode=True), 0
+        with self._read:
+            found = list(entries(self._db, kg, sid, kind))
+        for key, v in found:
+            ek = entry_key(kg, sid, key)
+            if kind is StateKind.VALUE:
+                if not live(v):
+                    wb.delete(ek)
+                    n += 1
+            elif kind is StateKind.LIST:
+                kept = [x for x in v if live(x)]
+                if len(kept) != len(v):
+                    n += len(v) - len(kept)
+                    if kept:
+                        wb.put(ek, join_items(kept))
+                    else:
+                        wb.delete(ek)
+            else:
+                for uk, x in v.items():
+                    if not live(x):
+                        wb.delete(ek + uk)
+                        n += 1
+        if n:
+            with self._write:
+                self._db.write(wb)
+        return n
 
     # materialization and restore (dstl_ray.state.incremental)
 

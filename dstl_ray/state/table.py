@@ -40,6 +40,9 @@ class StateTable(Protocol):
     """Serialized keyed state of one backend, per state id, key group and key."""
 
     name: str  # "heap" or "rocksdb"
+    # whether materialization_source copies the state (under the backend's lock, so a TTL
+    # purge may hold it too), or is a local checkpoint taken in an instant
+    copies_under_lock: bool
 
     def add_state(self, kind: StateKind) -> None:
         """Register the next state id (ids count up from 0) as a state of ``kind``."""
@@ -84,11 +87,13 @@ class StateTable(Protocol):
         """Apply change records of key group ``kg`` (FLIP-158 "Recovery and rescaling"),
         with the record checks of :func:`dstl_ray.state.records.decode_record`."""
 
-    def purge_expired(self, ttls: Sequence[int | None], now: int) -> int:
+    def purge_expired(self, ttls: Sequence[int | None], now: int, lock: Any = None) -> int:
         """Drop every entry of a TTL state (``ttls[sid]`` ms; None: no TTL) expired at
         ``now`` (ms): values, list elements, map entries (:mod:`dstl_ray.state.ttl`); keys
         left empty go too. Unlogged. Returns how many entries went. Concurrent readers see
-        each key either before or after."""
+        each key either before or after. Given ``lock`` (the backend's, not held by the
+        caller), it is held while one key group is purged, so writes go on in between and
+        an entry is never deleted after a write renewed it."""
 
     def materialization_source(self) -> TableView | LocalCheckpoint:
         """What a materialization uploads, taken under the backend's lock (FLIP-158

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -214,6 +216,49 @@ def test_a_killed_workers_directory_is_swept_by_the_next_table(tmp_path):
     assert _workdirs(local) == [os.path.basename(t.path)]
     t.close()
     assert _workdirs(local) == []
+
+
+def test_a_ttl_purge_lets_writes_in_between_key_groups(tmp_path, monkeypatch):
+    """rocksdb: the TTL purge of a materialization holds the backend's lock for one key
+    group at a time (state access goes on), and never deletes an entry a write renewed; the
+    materialization then takes the sqn with the local checkpoint, so it holds that write."""
+    now = [1_700_000_000.0]
+    base, local = new_base(tmp_path), tmp_path / "local"
+    b = d.ChangelogKeyedStateBackend(client("job", base), "op", FULL, MAXP,
+                                     materialization_interval=None, ttl_clock=lambda: now[0],
+                                     state_backend="rocksdb", local_dir=str(local))
+    vs = b.value_state("t", ttl=10)
+    keys = [f"k{i}" for i in range(200)]
+    for k in keys:
+        vs.update(k, "old")
+    now[0] += 20  # every entry expired
+    late = next(k for k in keys if d.assign_key_group(k, MAXP) == MAXP - 1)
+    paused, go = threading.Event(), threading.Event()
+    orig = RocksDBStateTable._purge_key_group
+
+    def slow(self, kg, *a):
+        if kg == MAXP // 2 and not paused.is_set():
+            paused.set()
+            assert go.wait(30)
+        return orig(self, kg, *a)
+
+    monkeypatch.setattr(RocksDBStateTable, "_purge_key_group", slow)
+    f = b.materialize()
+    assert paused.wait(30)
+    t0 = time.monotonic()
+    vs.update(late, "renewed")  # the lock is free between key groups
+    assert time.monotonic() - t0 < 5
+    go.set()
+    h = f.result(timeout=60)
+    assert b.dump()["t"] == {late: "renewed"}
+    snap = d.KeyedStateSnapshot("op", FULL, (h,))
+    b.close()
+    r = d.ChangelogKeyedStateBackend(client("job2", base), "op", FULL, MAXP,
+                                     materialization_interval=None, ttl_clock=lambda: now[0],
+                                     state_backend="rocksdb", local_dir=str(local),
+                                     restore=[d.RestoreSource(snap, base, "job", "t")])
+    assert r.dump()["t"] == {late: "renewed"}
+    r.close()
 
 
 # ------------------------------------------------------------------ formats
