@@ -46,11 +46,20 @@ from ..errors import FormatError, LocalStateError
 from ..format.incremental import RocksDBHandle, UploadedFile
 from ..keygroups import KeyGroupRange
 from .incremental import LocalCheckpoint, download
-from .records import Op, StateKind, decode_record, join_items, split_items
+from .records import (
+    HDR,
+    RECORD_VERSION,
+    Op,
+    StateKind,
+    decode_record,
+    join_items,
+    split_items,
+)
 from .rocksdb_keys import MAX_KEY_GROUPS, entries, entry_key, kg_prefix, scan
 from .table import TableView
 from .ttl import alive, check_stamped
 
+VSET = int(Op.VALUE_SET)
 _BEYOND = b"\xff" * 8  # above every key (key groups are u16)
 WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
 SST_TARGET = 32 << 20
@@ -255,7 +264,25 @@ class RocksDBStateTable:
         or list clears go into the batch; a list add or a map clear reads the database, so
         the batch is written before it."""
         wb, n = WriteBatch(raw_mode=True), 0
+        hsize, hunpack, kinds = HDR.size, HDR.unpack_from, self._kinds
+        value_prefix: dict[int, bytes | None] = {}  # record sid -> kg+sid prefix if a value
         for rec in recs:
+            # the bulk of a changelog, value sets, inline (decode_record's checks)
+            if len(rec) >= hsize:
+                ver, op, rsid, klen = hunpack(rec)
+                if op == VSET and ver == RECORD_VERSION and hsize + klen <= len(rec):
+                    pre = value_prefix.get(rsid, False)
+                    if pre is False:
+                        local = (rsid if sid_map is None else
+                                 sid_map[rsid] if rsid < len(sid_map) else -1)
+                        pre = (kg_prefix(kg, local) if 0 <= local < len(kinds)
+                               and kinds[local] is StateKind.VALUE else None)
+                        value_prefix[rsid] = pre
+                    if pre is not None:
+                        p = hsize + klen
+                        wb.put(pre + rec[4:8][::-1] + rec[hsize:p], rec[p:])
+                        n += 1
+                        continue
             op, sid, key, ukey, payload = decode_record(rec, self._kinds, sid_map)
             ek = entry_key(kg, sid, key)
             if op == Op.VALUE_SET:
