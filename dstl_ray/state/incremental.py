@@ -31,7 +31,7 @@ from typing import Any
 import google_crc32c
 from rocksdict import AccessType, Options, Rdict
 
-from ..errors import FormatError, LocalStateError
+from ..errors import FormatError, LocalStateError, StorageError
 from ..format.incremental import (
     BUNDLE_SUFFIX,
     SST_SUFFIX,
@@ -43,18 +43,27 @@ from ..format.incremental import (
 )
 from ..format.materialized import StatesSpec
 from ..keygroups import KeyGroupRange
-from ..storage.base import Storage, join
+from ..storage.base import COPY_CHUNK, Storage, join, write_local_file
 from ..storage.deleter import Deleter
 from ..storage.registry import get_storage
 from .records import StateKind, encode_full
 from .rocksdb_keys import entries
 
-PARALLEL = 4  # files up- or downloaded at once per backend (each is read into memory whole)
+PARALLEL = 4  # files up- or downloaded at once per backend (streamed: COPY_CHUNK each)
 _IO = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dstl-sst")
 
 
 def crc32c_of(data: bytes) -> int:
     return google_crc32c.value(data)
+
+
+def file_crc32c(path: str) -> int:
+    """CRC32C of a local file, read :data:`COPY_CHUNK` bytes at a time."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(COPY_CHUNK):
+            crc = google_crc32c.extend(crc, chunk)
+    return crc
 
 
 @dataclass
@@ -134,8 +143,14 @@ class SstUploads:
             return UploadedFile(name, rel, len(data), crc32c_of(data))
 
         def put_sst(name: str) -> UploadedFile:
-            with open(os.path.join(ckpt.path, name), "rb") as f:
-                return put(name, f.read(), SST_SUFFIX)
+            """Streamed: an SST of a big database may be larger than memory allows."""
+            local = os.path.join(ckpt.path, name)
+            rel = f"mat/{uuid.uuid4().hex}{SST_SUFFIX}"
+            url = join(self._job_path, rel)
+            crc = file_crc32c(local)
+            write_local_file(self._storage, url, local)
+            done.append(url)
+            return UploadedFile(name, rel, sizes[name], crc)
 
         try:
             uploaded = dict(zip(new, _bounded(put_sst, new), strict=True))
@@ -164,20 +179,40 @@ def download(handle: RocksDBHandle, base_path: str, dest: str,
     root = join(base_path, handle.job)
     _local(dest, os.makedirs, dest)
 
-    def fetch(f: UploadedFile) -> bytes:
-        url = join(root, f.path)
-        data = (storage or get_storage(url)).read_file(url)
-        if len(data) != f.size:
-            raise FormatError(f"file has {len(data)} bytes, the handle says {f.size} "
+    def check(f: UploadedFile, url: str, size: int, crc: int) -> None:
+        if size != f.size:
+            raise FormatError(f"file has {size} bytes, the handle says {f.size} "
                               f"(RocksDB {f.name})", path=url)
-        crc = crc32c_of(data)
         if crc != f.crc:
             raise FormatError(f"CRC32C mismatch (stored {f.crc:#010x}, computed "
                               f"{crc:#010x}; RocksDB {f.name})", path=url)
+
+    def fetch(f: UploadedFile) -> bytes:
+        url = join(root, f.path)
+        data = (storage or get_storage(url)).read_file(url)
+        check(f, url, len(data), crc32c_of(data))
         return data
 
     def fetch_sst(f: UploadedFile) -> None:
-        _write_local(os.path.join(dest, f.name), fetch(f))
+        """Streamed in ranges of COPY_CHUNK bytes: an SST may be larger than memory allows;
+        one byte past the handle's size is asked for, so a longer file is noticed."""
+        url = join(root, f.path)
+        st = storage or get_storage(url)
+        local = os.path.join(dest, f.name)
+        crc, size = 0, 0
+        with _local(local, open, local, "wb") as out:
+            while True:
+                chunk = st.read_range(url, size, min(COPY_CHUNK, f.size + 1 - size))
+                if not chunk:
+                    break
+                crc = google_crc32c.extend(crc, chunk)
+                size += len(chunk)
+                _local(local, out.write, chunk)
+                if size > f.size:
+                    break
+        if size == 0 and not st.exists(url):
+            raise StorageError(f"file not found: {url} (RocksDB {f.name})")
+        check(f, url, size, crc)
 
     _bounded(fetch_sst, list(handle.ssts))
     bundle_url = join(root, handle.bundle.path)

@@ -11,6 +11,18 @@ MiB = 1024 * 1024
 
 
 S3_MIN_PART = 5 * MiB
+COPY_CHUNK = 8 * MiB  # what a streamed copy holds in memory at once
+
+
+def write_local_file(storage: Storage, path: str, local_path: str) -> None:
+    """Write the local file ``local_path`` as ``path``: streamed by a storage that offers
+    ``write_from(path, local_path)`` (local files, fsspec), read whole otherwise."""
+    write_from = getattr(storage, "write_from", None)
+    if write_from is not None:
+        write_from(path, local_path)
+        return
+    with open(local_path, "rb") as f:
+        storage.write_file(path, f.read())
 
 
 @runtime_checkable

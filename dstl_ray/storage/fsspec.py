@@ -56,6 +56,19 @@ class FsspecStorage:
         except Exception as e:  # noqa: BLE001 - any client error becomes a StorageError
             raise StorageError(f"cannot write {path}: {type(e).__name__}: {e}") from e
 
+    def write_from(self, path: str, local_path: str) -> None:
+        """Upload the local file ``local_path`` as ``path``, streamed (S3: multipart above
+        the threshold, parts of half of it; s3fs aborts the upload on error)."""
+        try:
+            if self.protocol in ("s3", "s3a"):
+                part = max(S3_MIN_PART, self.multipart_threshold // 2)
+                self._fs.put_file(local_path, self._p(path), chunksize=part)
+            else:
+                self._fs.put_file(local_path, self._p(path))
+        except Exception as e:  # noqa: BLE001 - any client error becomes a StorageError
+            raise StorageError(f"cannot write {path} from {local_path}: {type(e).__name__}: "
+                               f"{e}") from e
+
     def append_file(self, path: str, data: bytes) -> int:
         """``memory://`` only: object stores make a file visible only once it is closed."""
         if self.protocol != "memory":

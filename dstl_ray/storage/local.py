@@ -4,10 +4,11 @@ path" 5)."""
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 
 from ..errors import StorageError
-from .base import _check_range, split_protocol
+from .base import COPY_CHUNK, _check_range, split_protocol
 
 
 class LocalStorage:
@@ -49,6 +50,33 @@ class LocalStorage:
             except OSError:
                 pass
             raise StorageError(f"cannot write {path}: {e}") from e
+
+    def write_from(self, path: str, local_path: str) -> None:
+        """Copy the local file ``local_path`` to ``path`` without holding it in memory, as
+        :meth:`write_file` does it: a temp file, fsynced, renamed into place."""
+        local = self._local(path)
+        directory = os.path.dirname(local)
+        tmp = f"{local}.tmp-{uuid.uuid4().hex}"
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(local_path, "rb") as src, open(tmp, "wb") as f:
+                shutil.copyfileobj(src, f, COPY_CHUNK)
+                if self._fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, local)
+            if self._fsync:
+                fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise StorageError(f"cannot write {path} from {local_path}: {e}") from e
 
     def create_file(self, path: str, data: bytes) -> bool:
         """Write ``path`` only if it does not exist yet, atomically (a hard link of a
