@@ -117,7 +117,8 @@ class ChangelogKeyedStateBackend:
         # FLIP-158 "Recovery and rescaling" (FLIP-306 4.5 for merged files)
         try:
             restored = restore_state(restore, key_group_range, self.job_id,
-                                     self._states.register, self._table, self._merging)
+                                     self._states.register, self._table, self._merging,
+                                     self.job_path)
         except BaseException:
             self._table.close()  # a rocksdb table's working directory goes with it
             raise

@@ -133,10 +133,10 @@ class HeapStateTable:
 
     def load_incremental(self, handle: RocksDBHandle, base_path: str,
                          key_groups: KeyGroupRange, sid_map: list[int]
-                         ) -> dict[str, UploadedFile]:
+                         ) -> dict[str, UploadedFile] | None:
         for kg, recs in read_changes(handle, base_path, key_groups):
             self.apply_records(recs, kg, sid_map)
-        return {}
+        return None
 
     def view(self) -> TableView:
         return copy_tables(self._tables, self._kinds)

@@ -34,6 +34,7 @@ from ..format.incremental import RocksDBHandle, UploadedFile
 from ..format.materialized import MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
+from ..storage.base import join, normalize_url
 from .records import StateKind
 from .table import StateTable
 from .ttl import spec_ttl
@@ -57,19 +58,27 @@ class RestoredState:
     components: tuple[Component, ...]  # restricted to our key groups: the backend's base
     files: dict[str, str]  # file name -> URL of every file those components name
     foreign: bool  # materialized state came from elsewhere (a rescale: write our own copy)
-    # SST files of this job the table opened as its database: uploaded already
+    # SST files of the database the table opened, if they lie in this job's directory:
+    # uploaded already (a new handle names them, relative to the job directory, again)
     uploaded: dict[str, UploadedFile]
 
 
 def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRange, job_id: str,
                   register_state: Callable[[str, StateKind, int | None], int],
-                  table: StateTable, merging: SubtaskFileManager | None) -> RestoredState:
+                  table: StateTable, merging: SubtaskFileManager | None,
+                  job_path: str | None = None) -> RestoredState:
     """Apply every source's changes in ``key_group_range`` to ``table``.
 
     ``register_state`` maps a state name, kind and TTL (ms, None without; values of a TTL
     state carry timestamps) to its id, adding a new state to ``table`` (the backend's own
     registration, so restored and later states share ids). A file that cannot be read or decoded raises :class:`RestoreError` naming the
-    checkpoint and the file."""
+    checkpoint and the file.
+
+    ``job_path``: this job's directory. SST files the table opened as its database count as
+    uploaded only if they lie there: a checkpoint of a job with the same id in another
+    checkpoint directory names files this job's handles cannot name (their paths are
+    relative to the job directory)."""
+    own_root = normalize_url(job_path) if job_path is not None else None
     base: list[Component] = []
     files_of_base: dict[str, str] = {}
     foreign = False
@@ -90,8 +99,10 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                            for s in comp.states]
                 if isinstance(comp, RocksDBHandle):  # its files may become our database
                     got = table.load_incremental(comp, src.base_path, mine, sid_map)
-                    if comp.job == job_id:
-                        uploaded.update(got)
+                    if got is not None:  # the database is this handle's now, and only its
+                        ours = comp.job == job_id and own_root is not None and (
+                            normalize_url(join(src.base_path, comp.job)) == own_root)
+                        uploaded = dict(got) if ours else {}
                 else:
                     # each file through its own URL's storage: the checkpoint may live on
                     # another file system than this job (a savepoint restored elsewhere)

@@ -170,6 +170,9 @@ class RocksDBStateTable:
         self._kinds: list[StateKind] = []
         self._guard = threading.Lock()  # views are made and read under it; close takes it
         self._views: weakref.WeakSet[_ViewDb] = weakref.WeakSet()
+        # set by close() only: _db is also a _Closed while a restore swaps the database
+        # (and stays one if the swap failed), and the directory must go all the same
+        self._closed = False
         with _Io(str(local_dir or tempfile.gettempdir()), "creating a working directory"):
             if local_dir is not None:
                 os.makedirs(local_dir, exist_ok=True)
@@ -389,19 +392,19 @@ class RocksDBStateTable:
 
     def load_incremental(self, handle: RocksDBHandle, base_path: str,
                          key_groups: KeyGroupRange, sid_map: list[int]
-                         ) -> dict[str, UploadedFile]:
+                         ) -> dict[str, UploadedFile] | None:
         """Restore the entries of ``handle`` in ``key_groups``. Into an empty table whose
         state ids are the handle's, the downloaded files become the database (only key
-        groups outside ``key_groups`` are dropped, by range): returns them, local name to
-        upload, as the SST files already uploaded. Otherwise entries are copied over, state
-        ids translated by ``sid_map``, and nothing is returned."""
+        groups outside ``key_groups`` are dropped, by range): returns its SST files, local
+        name to upload (the database before, and what it held, is gone). Otherwise entries
+        are copied over, state ids translated by ``sid_map``, and None is returned."""
         tmp = f"{self.path}/restore-{uuid.uuid4().hex}"
         try:
             download(handle, base_path, tmp)  # (a local write error: LocalStateError)
             if self._empty() and sid_map == list(range(len(sid_map))):
                 return self._adopt(tmp, handle, key_groups)
             self._copy_from(tmp, key_groups, sid_map)
-            return {}
+            return None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -412,7 +415,8 @@ class RocksDBStateTable:
                 self._db.close()
             self._db = _Closed(self.path)
             shutil.rmtree(f"{self.path}/db", ignore_errors=True)
-            os.rename(tmp, f"{self.path}/db")
+            with _Io(self.path, "moving the restored files into place"):
+                os.rename(tmp, f"{self.path}/db")
             try:
                 self._db = _open(f"{self.path}/db", self.path)
             except LocalStateError as e:  # the downloaded files do not form a database
@@ -470,14 +474,16 @@ class RocksDBStateTable:
         """Close the database and its views and delete the working directory (views fail
         afterwards)."""
         with self._guard:
-            if isinstance(self._db, _Closed):
+            if self._closed:
                 return
+            self._closed = True
             db, self._db = self._db, _Closed(self.path)
             try:
                 for v in list(self._views):
                     v.close()
-                with _Io(self.path, "closing"):
-                    db.close()
+                if not isinstance(db, _Closed):  # (a restore that failed swapping it)
+                    with _Io(self.path, "closing"):
+                        db.close()
             finally:
                 shutil.rmtree(self.path, ignore_errors=True)
 

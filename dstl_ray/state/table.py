@@ -102,10 +102,12 @@ class StateTable(Protocol):
 
     def load_incremental(self, handle: RocksDBHandle, base_path: str,
                          key_groups: KeyGroupRange, sid_map: list[int]
-                         ) -> dict[str, UploadedFile]:
+                         ) -> dict[str, UploadedFile] | None:
         """Restore the entries of an incremental RocksDB materialization in ``key_groups``
-        (state ids translated by ``sid_map``). Returns the SST files the table now holds as
-        they were uploaded (local name -> upload), or {} if it copied entries instead."""
+        (state ids translated by ``sid_map``). Returns the SST files of the database the
+        table now is, as they were uploaded (local name -> upload), if the handle's files
+        replaced the table's database (any earlier such answer no longer holds); None if
+        entries were copied instead."""
 
     def view(self) -> TableView:
         """A point-in-time view of every state that later changes do not reach; cheap to
