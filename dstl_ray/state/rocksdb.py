@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import uuid
@@ -95,7 +96,7 @@ class _Closed:
 
 
 WORKDIR_PREFIX = "dstl-rocksdb-"
-OWNER_FILE = "OWNER"  # the pid of the process whose table uses the directory
+OWNER_FILE = "OWNER"  # "host pid" of the process whose table uses the directory
 
 
 def sweep_stale(local_dir: str) -> list[str]:
@@ -113,10 +114,12 @@ def sweep_stale(local_dir: str) -> list[str]:
             continue
         try:
             with open(os.path.join(path, OWNER_FILE)) as f:
-                pid = int(f.read().strip())
+                host, pid_text = f.read().split()
+                pid = int(pid_text)
         except (OSError, ValueError):
             continue  # not ours, or being created this instant
-        if pid != os.getpid() and not _alive(pid):
+        # only a process of this host (and pid namespace) can be asked whether it lives
+        if host == socket.gethostname() and pid != os.getpid() and not _alive(pid):
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
     return gone
@@ -179,7 +182,7 @@ class RocksDBStateTable:
             sweep_stale(local_dir or tempfile.gettempdir())
             self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=local_dir)
             with open(f"{self.path}/{OWNER_FILE}", "w") as f:
-                f.write(str(os.getpid()))
+                f.write(f"{socket.gethostname()} {os.getpid()}")
         self._read, self._write = _Io(self.path, "read"), _Io(self.path, "write")
         try:
             self._db: Any = _open(f"{self.path}/db", self.path)

@@ -63,6 +63,7 @@ class Driver:
             False, {}
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
         op.state_ttl = ()
+        op.state_backend, op.local_dir = "heap", None
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)
         op.epoch = uuid.uuid4().hex
