@@ -201,7 +201,7 @@ def run_spark_row(keys: int, rounds: int, work: str) -> dict[str, Any]:
     JVM and memory do not share ours)."""
     code = ("import json,sys; from experiments.large_state_spark import run_spark; "
             f"print('ROW', json.dumps(run_spark({keys}, {VALUE}, {rounds}, 0.01, "
-            f"{PARALLELISM}, {work + '/spark'!r})))")
+            f"{PARALLELISM}, {work + '/spark'!r}, timeout_s=5400)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=6 * 3600, cwd=os.path.dirname(os.path.dirname(__file__)))
     for line in proc.stdout.splitlines():
