@@ -153,9 +153,11 @@ class KeyedStatefulOperator:
 
     ``state_ttl`` maps state names to a time-to-live (seconds or a
     :class:`~dstl_ray.state.ttl.StateTtlConfig`, Flink's StateTtlConfig semantics: processing
-    time, refreshed by writes, an expired entry reads as absent and is dropped at
-    materialization and restore). A state's TTL may change between runs; adding or removing
-    one for a state that already has entries is refused (:class:`~dstl_ray.errors.StateError`).
+    time, refreshed by writes; an expired entry reads as absent and leaves the state at the
+    next materialization or savepoint, so no materialized file holds it). A state's TTL
+    duration may change between runs; adding or removing a TTL for a state the restored
+    checkpoint already names is refused (:class:`~dstl_ray.errors.StateError`): its stored
+    values carry timestamps or they do not.
 
     ``state_backend`` picks where each subtask keeps its state: ``"heap"`` (Python dicts,
     the default) or ``"rocksdb"`` (a local RocksDB per subtask, in a working directory under
