@@ -197,6 +197,7 @@ class KeyedStatefulOperator:
         if local_dir is not None and (not isinstance(local_dir, str) or not local_dir):
             raise ConfigError(f"local_dir must be a directory path, got {local_dir!r}")
         self.state_backend, self.local_dir = state_backend, local_dir
+        self._ttl_names_checked = False
         self.job_id = job_id
         self.key = key
         self.update = update
@@ -225,6 +226,22 @@ class KeyedStatefulOperator:
         self.history = BatchHistory(maxlen=history_limit)
 
     # ------------------------------------------------------------------ batches
+
+    def _check_ttl_names(self, snaps: list[KeyedStateSnapshot]) -> None:
+        """Once some state exists: warn about ``state_ttl`` names no subtask has a state
+        of (a misspelled name silently gives its state no TTL)."""
+        if not self.state_ttl or self._ttl_names_checked:
+            return
+        used = {spec[0] for snap in snaps for c in snap.components for spec in c.states}
+        if not used:
+            return
+        self._ttl_names_checked = True
+        unknown = sorted(name for name, _ttl in self.state_ttl if name not in used)
+        if unknown:
+            log.warning("state_ttl names %s, but the update function has used no state of "
+                        "that name (states so far: %s); a misspelled name leaves its state "
+                        "without a TTL", ", ".join(map(repr, unknown)),
+                        ", ".join(map(repr, sorted(used))))
 
     def parallelism(self, spark: Any) -> int:
         p = self._parallelism or int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -269,6 +286,7 @@ class KeyedStatefulOperator:
         except BaseException:
             self.epoch = uuid.uuid4().hex
             raise
+        self._check_ttl_names(snaps)
         outputs = [o for r in results for o in r["outputs"]]
         if self.sink is not None:
             self.sink(batch_id, outputs)
