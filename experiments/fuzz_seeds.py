@@ -21,7 +21,8 @@ from dstl_ray.checkpoint.snapshot import ChangelogComponent, component_changes, 
 from dstl_ray.errors import StateError, StorageError
 from dstl_ray.format.changelog import read_prefixed
 from dstl_ray.keygroups import key_group_range_for_subtask
-from dstl_ray.state.records import StateKind, TaggedSerializer, apply_records
+from dstl_ray.state.records import StateKind, TaggedSerializer, apply_records, check_stamps
+from dstl_ray.state.ttl import STAMP_SIZE
 from dstl_ray.storage.base import normalize_url
 from dstl_ray.storage.registry import get_storage
 
@@ -29,6 +30,7 @@ JOB = "fuzz"
 OPERATOR = "op"
 MAXP = 8
 STATES = (("v", "value"), ("l", "list"), ("m", "map"))
+TTL_S = 365 * 86400  # the seed job's TTL states outlive any test run
 METADATA_ENV = "DSTL_FUZZ_METADATA"  # the _metadata URL the "metadata" target loads inputs as
 
 # values of every kind the TaggedSerializer knows, nested, as keyed state holds them
@@ -89,6 +91,10 @@ def _write(backends: list, round_: int) -> None:
     for i, value in enumerate(VALUES):
         key = f"k{i}" if i % 2 else i
         b = owner(key)
+        if i % 4 == 0:  # states with a TTL: their values carry timestamps (state.ttl)
+            b.value_state("vt", TTL_S).update(key, value)
+            b.list_state("lt", TTL_S).add(key, value)
+            b.map_state("mt", TTL_S).put(key, f"u{round_}", value)
         b.value_state("v").update(key, [round_, value])
         b.list_state("l").add(key, value)
         b.map_state("m").put(key, f"u{round_}", value)
@@ -159,22 +165,33 @@ class BytesStorage:
         return self.fallback.read_range(path, offset, length)
 
 
-def deserialize_tables(tables: list[dict[int, dict[bytes, Any]]], kinds: list[Any]) -> None:
-    """Decode every key and value as state access would (``ChangelogKeyedStateBackend.dump``)."""
-    de = TaggedSerializer().deserialize
-    for kind, per_kg in zip(kinds, tables, strict=True):
-        for d in per_kg.values():
-            for k, v in d.items():
-                de(k)
-                if kind == "value":
-                    de(v)
-                elif kind == "list":
-                    for x in v:
-                        de(x)
-                else:
-                    for uk, x in v.items():
-                        de(uk)
-                        de(x)
+def deserialize_tables(tables: list[dict[int, dict[bytes, Any]]], kinds: list[Any],
+                       ttls: list[int | None] | None = None) -> None:
+    """Decode every key and value as state access would (``ChangelogKeyedStateBackend.dump``):
+    values of a TTL state (``ttls[sid]`` set) after their timestamp."""
+    ser = TaggedSerializer()
+    for sid, (kind, per_kg) in enumerate(zip(kinds, tables, strict=True)):
+        cut = STAMP_SIZE if ttls and ttls[sid] is not None else 0
+
+        def de(v: bytes, k: bool = False, cut: int = cut) -> Any:
+            return ser.deserialize(v if k else v[cut:])
+
+        _decode_state(kind, per_kg, de)
+
+
+def _decode_state(kind: Any, per_kg: dict[int, dict[bytes, Any]], de: Any) -> None:
+    for d in per_kg.values():
+        for k, v in d.items():
+            de(k, True)
+            if kind == "value":
+                de(v)
+            elif kind == "list":
+                for x in v:
+                    de(x)
+            else:
+                for uk, x in v.items():
+                    de(uk, True)
+                    de(x)
 
 
 class Tables:
@@ -184,16 +201,18 @@ class Tables:
         self.names: dict[str, int] = {}
         self.kinds: list[Any] = []  # StateKind
         self.tables: list[dict[int, dict[bytes, Any]]] = []
+        self.ttls: list[int | None] = []
 
     def sid_map(self, states: Any) -> list[int]:
         """Register ``states`` (a component's spec); their local state ids."""
         out = []
-        for name, kind, *_ttl in states:
+        for name, kind, *ttl in states:
             sid = self.names.get(name)
             if sid is None:
                 sid = self.names[name] = len(self.kinds)
                 self.kinds.append(StateKind(kind))
                 self.tables.append({})
+                self.ttls.append(ttl[0] if ttl else None)
             elif self.kinds[sid] is not StateKind(kind):
                 raise StateError(f"state {name!r} is a {self.kinds[sid].value} state")
             out.append(sid)
@@ -217,9 +236,12 @@ def restore_reads(cc: Any, storage: Any, parallelism: int) -> list[Tables]:
                 if mine is None:
                     continue
                 sid_map = t.sid_map(comp.states)
+                stamped = frozenset(i for i, spec in enumerate(comp.states) if len(spec) > 2)
                 for kg, recs in component_changes(comp, base, own_dir, mine, storage):
+                    recs = list(recs)
+                    check_stamps(recs, stamped)
                     apply_records(recs, t.tables, t.kinds, kg, sid_map)
-        deserialize_tables(t.tables, t.kinds)
+        deserialize_tables(t.tables, t.kinds, t.ttls)
         out.append(t)
     return out
 

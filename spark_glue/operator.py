@@ -153,9 +153,11 @@ class KeyedStatefulOperator:
 
     ``state_ttl`` maps state names to a time-to-live (seconds or a
     :class:`~dstl_ray.state.ttl.StateTtlConfig`, Flink's StateTtlConfig semantics: processing
-    time, refreshed by writes, an expired entry reads as absent and is dropped at
-    materialization and restore). A state's TTL may change between runs; adding or removing
-    one for a state that already has entries is refused (:class:`~dstl_ray.errors.StateError`).
+    time, refreshed by writes; an expired entry reads as absent and leaves the state at the
+    next materialization or savepoint, so no materialized file holds it). A state's TTL
+    duration may change between runs; adding or removing a TTL for a state the restored
+    checkpoint already names is refused (:class:`~dstl_ray.errors.StateError`): its stored
+    values carry timestamps or they do not.
 
     ``state_backend`` picks where each subtask keeps its state: ``"heap"`` (Python dicts,
     the default) or ``"rocksdb"`` (a local RocksDB per subtask, in a working directory under
@@ -195,6 +197,7 @@ class KeyedStatefulOperator:
         if local_dir is not None and (not isinstance(local_dir, str) or not local_dir):
             raise ConfigError(f"local_dir must be a directory path, got {local_dir!r}")
         self.state_backend, self.local_dir = state_backend, local_dir
+        self._ttl_names_checked = False
         self.job_id = job_id
         self.key = key
         self.update = update
@@ -223,6 +226,22 @@ class KeyedStatefulOperator:
         self.history = BatchHistory(maxlen=history_limit)
 
     # ------------------------------------------------------------------ batches
+
+    def _check_ttl_names(self, snaps: list[KeyedStateSnapshot]) -> None:
+        """Once some state exists: warn about ``state_ttl`` names no subtask has a state
+        of (a misspelled name silently gives its state no TTL)."""
+        if not self.state_ttl or self._ttl_names_checked:
+            return
+        used = {spec[0] for snap in snaps for c in snap.components for spec in c.states}
+        if not used:
+            return
+        self._ttl_names_checked = True
+        unknown = sorted(name for name, _ttl in self.state_ttl if name not in used)
+        if unknown:
+            log.warning("state_ttl names %s, but the update function has used no state of "
+                        "that name (states so far: %s); a misspelled name leaves its state "
+                        "without a TTL", ", ".join(map(repr, unknown)),
+                        ", ".join(map(repr, sorted(used))))
 
     def parallelism(self, spark: Any) -> int:
         p = self._parallelism or int(spark.conf.get("spark.sql.shuffle.partitions"))
@@ -267,6 +286,7 @@ class KeyedStatefulOperator:
         except BaseException:
             self.epoch = uuid.uuid4().hex
             raise
+        self._check_ttl_names(snaps)
         outputs = [o for r in results for o in r["outputs"]]
         if self.sink is not None:
             self.sink(batch_id, outputs)

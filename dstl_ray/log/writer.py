@@ -154,6 +154,15 @@ class StateChangelogWriter:
         with self._lock:
             if err is None:
                 up.segment = fut.result()
+                # uploaded: only the segment is needed from now on, never the bytes again
+                # (they are re-sent only while no upload holds them), so memory holds the
+                # changes not yet durable, not every change since the last materialization
+                # (Flink's writer, too, keeps handles of uploaded changes, not the changes)
+                for s in up.sqns:
+                    cs = self._changesets.get(s)
+                    if cs is not None and cs.entries:
+                        self._changesets[s] = Changeset(s, ())
+                        self._sizes[s] = 0
                 # truncated or closed before it finished: tell its node we are done with it
                 release = self._closed or all(s not in self._changesets for s in up.sqns)
                 up.released = release

@@ -277,7 +277,6 @@ class ChangelogKeyedStateBackend:
                     not base or isinstance(base[0], MATERIALIZED) and len(base) == 1):
                 return None
             result: concurrent.futures.Future = concurrent.futures.Future()
-            self._mat_future = result  # done only after step 4
             box = [sqn]
             if self._table.copies_under_lock:  # heap: step 2 copies the tables
                 self._purge_expired()  # expired entries never reach a materialized file
@@ -285,6 +284,9 @@ class ChangelogKeyedStateBackend:
                 fut = self._pool.submit(self._files.write, tables, states, sqn)  # step 3
             else:  # rocksdb: steps 1-2 are redone on the pool, after the purge
                 fut = self._pool.submit(self._checkpoint_and_write, box)
+            # (only once started: a copy or submit that raised leaves no future that never
+            # ends, which would refuse every later materialization)
+            self._mat_future = result  # done only after step 4
 
         def done(f: concurrent.futures.Future) -> None:  # step 4
             try:

@@ -9,6 +9,7 @@ State is bounded by the process's memory.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -47,7 +48,8 @@ class HeapStateTable:
     name = "heap"
     copies_under_lock = True
 
-    def __init__(self) -> None:
+    def __init__(self, local_dir: str | None = None) -> None:
+        self._local_dir = local_dir  # where a restored RocksDB handle is read (then deleted)
         self._tables: Tables = []
         self._kinds: list[StateKind] = []
 
@@ -134,7 +136,10 @@ class HeapStateTable:
     def load_incremental(self, handle: RocksDBHandle, base_path: str,
                          key_groups: KeyGroupRange, sid_map: list[int]
                          ) -> dict[str, UploadedFile] | None:
-        for kg, recs in read_changes(handle, base_path, key_groups):
+        if self._local_dir is not None:
+            os.makedirs(self._local_dir, exist_ok=True)
+        for kg, recs in read_changes(handle, base_path, key_groups,
+                                     local_dir=self._local_dir):
             self.apply_records(recs, kg, sid_map)
         return None
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FormatError, StateError
-from .ttl import StateTtlConfig
+from .ttl import STAMP_SIZE, StateTtlConfig
 
 RECORD_VERSION = 1
 HDR = struct.Struct("<BBHI")
@@ -219,6 +219,32 @@ def encode(op: int, sid: int, key: bytes, value: bytes = b"", ukey: bytes | None
     if ukey is not None:
         return b"".join((head, key, U32.pack(len(ukey)), ukey, value))
     return b"".join((head, key, value))
+
+
+def check_stamps(recs: list[bytes], stamped: frozenset[int]) -> None:
+    """Every value that a record of a state in ``stamped`` (the writer's ids of its TTL
+    states) writes carries a TTL timestamp (:mod:`dstl_ray.state.ttl`): a checkpoint whose
+    spec promises stamps its values lack is corrupt, and raises :class:`FormatError` here
+    rather than a read failing later. Malformed records are left to the apply step."""
+    for rec in recs:
+        if len(rec) < _HSIZE:
+            continue
+        _ver, op, sid, klen = _HUNPACK(rec)
+        if sid not in stamped:
+            continue
+        p = _HSIZE + klen
+        if op in (_VSET, _LADD):
+            values = [rec[p:]]
+        elif op == _LSET:
+            values = split_items(rec[p:])
+        elif op == _MPUT and p + 4 <= len(rec):
+            values = [rec[p + 4 + U32.unpack_from(rec, p)[0]:]]
+        else:
+            continue
+        for v in values:
+            if len(v) < STAMP_SIZE:
+                raise FormatError(f"a value of TTL state id {sid} has {len(v)} bytes, less "
+                                  f"than its {STAMP_SIZE}-byte timestamp")
 
 
 def decode_record(rec: bytes, kinds: list[StateKind], sid_map: list[int] | None = None

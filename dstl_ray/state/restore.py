@@ -35,7 +35,7 @@ from ..format.materialized import MaterializedHandle
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
 from ..storage.base import join, normalize_url
-from .records import StateKind
+from .records import StateKind, check_stamps
 from .table import StateTable
 from .ttl import spec_ttl
 
@@ -106,7 +106,12 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                 else:
                     # each file through its own URL's storage: the checkpoint may live on
                     # another file system than this job (a savepoint restored elsewhere)
+                    stamped = frozenset(i for i, spec in enumerate(comp.states)
+                                        if spec_ttl(spec) is not None)
                     for kg, recs in component_changes(comp, src.base_path, src.own_dir, mine):
+                        if stamped:
+                            recs = list(recs)
+                            check_stamps(recs, stamped)
                         table.apply_records(recs, kg, sid_map)
             except LocalStateError:
                 raise  # the local table failed (a full disk), not the checkpoint's files

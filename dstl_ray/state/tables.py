@@ -21,7 +21,7 @@ def open_table(state_backend: str, key_groups: KeyGroupRange,
     """A new, empty state table: ``"heap"`` (dicts) or ``"rocksdb"`` (a RocksDB in a working
     directory of its own under ``local_dir``, default the system's temp directory)."""
     if state_backend == "heap":
-        return HeapStateTable()
+        return HeapStateTable(local_dir)
     if state_backend == "rocksdb":
         return RocksDBStateTable(key_groups, local_dir)
     raise StateError(f"state_backend must be one of {', '.join(STATE_BACKENDS)}, "

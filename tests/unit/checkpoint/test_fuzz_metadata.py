@@ -75,9 +75,14 @@ def outcome(url: str, data: bytes) -> d.CompletedCheckpoint | DstlError:
 
 def expected_state(last_round: int) -> dict[str, dict]:
     """What experiments.fuzz_seeds._write leaves after rounds 0..last_round."""
-    out: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
+    out: dict[str, dict] = {"v": {}, "l": {}, "m": {}, "vt": {}, "lt": {}, "mt": {}}
     for i, value in enumerate(VALUES):
         key, value = (f"k{i}" if i % 2 else i), as_decoded(value)
+        if i % 4 == 0:  # the TTL states
+            if value is not None:  # (an update to None clears a value state)
+                out["vt"][key] = value
+            out["lt"][key] = [value] * (last_round + 1)
+            out["mt"][key] = {f"u{r}": value for r in range(last_round + 1)}
         out["v"][key] = [last_round, value]
         out["l"][key] = [value] * (last_round + 1)
         rounds = [last_round] if i % 3 == 0 else range(last_round + 1)
@@ -98,7 +103,7 @@ def test_valid_metadata_restores_the_written_state(job, which, last_round, paral
     client = d.StateChangelogClient(JOB, transport=d.DirectTransport(JOB, "memory://fz-r"))
     backends = restore_backends(client, cc, OPERATOR, parallelism, MAXP,
                                 materialization_interval=None)
-    state: dict[str, dict] = {"v": {}, "l": {}, "m": {}}
+    state: dict[str, dict] = {n: {} for n in ("v", "l", "m", "vt", "lt", "mt")}
     for b in backends:
         for name, dd in b.dump().items():
             state[name].update(dd)

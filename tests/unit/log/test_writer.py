@@ -107,6 +107,24 @@ def test_truncate_drops_and_persist_before_truncation_is_refused():
     assert list(h.get_state_changes(0)) == [b"c"]
 
 
+def test_uploaded_changes_leave_memory_and_are_named_by_later_handles():
+    """Once an upload succeeds only its segment is kept: memory holds what is not durable
+    yet, not every change since the last materialization (a bulk load held it all)."""
+    _, c = make()
+    w = c.create_writer("op", KeyGroupRange(0, 1))
+    for i in range(100):
+        w.append(i % 2, bytes(1000) + bytes([i]))
+    h1 = w.persist_durably(0).result(timeout=10)
+    assert w.retained_bytes() == 0 and len(w.retained_sqns()) == 1
+    w.append(0, b"tail")
+    assert w.retained_bytes() > 0
+    h2 = w.persist_durably(0).result(timeout=10)
+    assert w.retained_bytes() == 0
+    assert h2.segments[0] == h1.segments[0]  # the first upload is named, never re-sent
+    got = list(h2.get_state_changes(0))
+    assert len(got) == 51 and got[-1] == b"tail" and got[0] == bytes(1000) + bytes([0])
+
+
 class FlakyTransport(DirectTransport):
     """Fails the first ``fail`` sends, like a node actor that died mid-request."""
 

@@ -64,6 +64,7 @@ class Driver:
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
         op.state_ttl = ()
         op.state_backend, op.local_dir = "heap", None
+        op._ttl_names_checked = False
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)
         op.epoch = uuid.uuid4().hex
@@ -175,3 +176,15 @@ def test_history_limit_defaults_to_1000():
 def test_bad_history_limit_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="history_limit"):
         KeyedStatefulOperator(JOB, key="k", update=lambda *a: None, history_limit=bad)
+
+
+def test_a_state_ttl_name_no_state_has_is_warned_about_once(tmp_path, caplog):
+    """The update function writes state "v"; state_ttl names "v" and a misspelled "vv"."""
+    drv = Driver(tmp_path)
+    drv.op.state_ttl = (("v", d.StateTtlConfig(60)), ("vv", d.StateTtlConfig(60)))
+    with caplog.at_level("WARNING", logger="spark_glue.operator"):
+        drv.op.process_batch(None, 0)
+        drv.op.process_batch(None, 1)
+    warned = [r.getMessage() for r in caplog.records if "state_ttl names" in r.getMessage()]
+    assert len(warned) == 1 and "'vv'" in warned[0] and "'v'," not in warned[0]
+    drv.close()

@@ -326,6 +326,33 @@ def test_backend_on_rocksdb_equals_heap_through_materialization_and_restore(tmp_
     assert os.listdir(tmp_path / "local") == []
 
 
+@pytest.mark.parametrize("name", ["heap", "rocksdb"])
+def test_a_materialization_that_fails_to_start_does_not_block_later_ones(tmp_path, name,
+                                                                         monkeypatch):
+    """A copy (heap) or a submit that raises left a future that never ended, and every later
+    materialization returned None."""
+    (tmp_path / "local").mkdir()
+    b = backend(f"file://{tmp_path}/dfs", tmp_path, name)
+    fill(b, 20)
+    calls = []
+
+    def boom(*a, **k):
+        calls.append(1)
+        raise MemoryError("injected: the copy does not fit")
+
+    with monkeypatch.context() as m:
+        if name == "heap":
+            m.setattr(HeapStateTable, "materialization_source", boom)
+        else:
+            m.setattr(b, "_pool", type("P", (), {"submit": staticmethod(boom)})())
+        with pytest.raises(MemoryError):
+            b.materialize(force=True)
+    assert calls
+    f = b.materialize(force=True)
+    assert f is not None and f.result(timeout=30) is not None
+    b.close()
+
+
 def test_backend_refuses_an_unknown_state_backend(tmp_path):
     with pytest.raises(StateError, match="state_backend must be one of heap, rocksdb"):
         backend(f"file://{tmp_path}/dfs", tmp_path, "lmdb")

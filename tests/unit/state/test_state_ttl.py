@@ -403,3 +403,25 @@ def test_a_ttl_too_large_for_the_metadata_is_refused():
     with pytest.raises(StateError, match="64-bit"):
         d.StateTtlConfig(1e17)
     assert d.StateTtlConfig(9e15).ttl_ms < (1 << 63)
+
+
+@pytest.mark.parametrize("part", ["materialized", "changelog"])
+def test_values_without_the_stamps_their_spec_promises_fail_the_restore(part):
+    """A forged or corrupt spec says "TTL" for values written without stamps: the restore
+    fails with a RestoreError naming the file, not a read later (a struct error)."""
+    import dataclasses
+
+    base, clock = new_base(), Clock()
+    b = d.ChangelogKeyedStateBackend(client(JOB, base), "op", FULL, MAXP,
+                                     materialization_interval=None, ttl_clock=clock)
+    b.value_state("v").update("k", "x")  # 2 serialized bytes, no stamp
+    if part == "materialized":
+        b.materialize(force=True).result(timeout=30)
+    snap = b.snapshot(checkpoint_id=1).result(timeout=30)
+    b.close()
+    comp = snap.components[0]
+    forged = dataclasses.replace(comp, states=(("v", "value", 10_000),))
+    bad = dataclasses.replace(snap, components=(forged,))
+    with pytest.raises(d.RestoreError, match="timestamp") as ei:
+        restore_from(base, bad, clock)
+    assert ei.value.path and ei.value.path.startswith(f"{base}/{JOB}/")
