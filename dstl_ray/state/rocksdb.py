@@ -29,18 +29,15 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rocksdict import (
     AccessType,
     Checkpoint,
-    DbClosedError,
-    DBCompactionStyle,
     Options,
     Rdict,
     WriteBatch,
-    WriteOptions,
 )
 
 from ..errors import FormatError, LocalStateError
@@ -57,108 +54,20 @@ from .records import (
     split_items,
 )
 from .rocksdb_keys import MAX_KEY_GROUPS, entries, entry_key, kg_prefix, scan
+from .rocksdb_local import (
+    OWNER_FILE,
+    WORKDIR_PREFIX,
+    Closed,
+    Io,
+    open_db,
+    sweep_stale,
+)
+from .rocksdb_views import StateView, ViewDb
 from .table import TableView
 from .ttl import alive, check_stamped
 
 VSET = int(Op.VALUE_SET)
 _BEYOND = b"\xff" * 8  # above every key (key groups are u16)
-WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
-SST_TARGET = 32 << 20
-
-
-class _Io:
-    """Turns RocksDB's and the file system's errors into :class:`LocalStateError`."""
-
-    __slots__ = ("_where", "_what")
-
-    def __init__(self, where: str, what: str) -> None:
-        self._where, self._what = where, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, et: type | None, e: BaseException | None, tb: Any) -> bool:
-        # rocksdict raises plain Exception (and DbClosedError); anything else is a bug
-        if e is not None and (et is Exception or isinstance(e, (OSError, DbClosedError))):
-            raise LocalStateError(f"RocksDB state table in {self._where}: {self._what} "
-                                  f"failed: {e}") from e
-        return False
-
-
-class _Closed:
-    """Stands in for the database once the table is closed."""
-
-    def __init__(self, where: str) -> None:
-        self._where = where
-
-    def __getattr__(self, name: str) -> Any:
-        raise LocalStateError(f"RocksDB state table in {self._where} is closed")
-
-
-WORKDIR_PREFIX = "dstl-rocksdb-"
-OWNER_FILE = "OWNER"  # "host pid" of the process whose table uses the directory
-
-
-def sweep_stale(local_dir: str) -> list[str]:
-    """Delete the working directories under ``local_dir`` whose process is gone (killed
-    before it could close its table): a restarted worker would otherwise fill the disk
-    with copies of state. Returns what went."""
-    gone = []
-    try:
-        names = os.listdir(local_dir)
-    except FileNotFoundError:
-        return gone
-    for name in names:
-        path = os.path.join(local_dir, name)
-        if not name.startswith(WORKDIR_PREFIX):
-            continue
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                host, pid_text = f.read().split()
-                pid = int(pid_text)
-        except (OSError, ValueError):
-            continue  # not ours, or being created this instant
-        # only a process of this host (and pid namespace) can be asked whether it lives
-        if host == socket.gethostname() and pid != os.getpid() and not _alive(pid):
-            shutil.rmtree(path, ignore_errors=True)
-            gone.append(path)
-    return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True
-
-
-def _options() -> Options:
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.increase_parallelism(2)  # flushes and compactions beside each other
-    opts.set_write_buffer_size(WRITE_BUFFER)
-    opts.set_target_file_size_base(SST_TARGET)  # uploads read one SST into memory at once
-    # universal compaction: a materialization's new SST files are merged with other recent
-    # ones, rarely with the whole database, so an incremental upload stays near the bytes
-    # changed (leveled compaction rewrote ~4x as much in experiments/large_state.py)
-    opts.set_compaction_style(DBCompactionStyle.universal())
-    return opts
-
-
-def _open(path: str, where: str) -> Any:
-    """Open (or create) the database in ``path``, without a write-ahead log: the changelog
-    is the log, and a restore rebuilds the database."""
-    with _Io(where, "opening"):
-        db = Rdict(path, _options())
-        wo = WriteOptions()
-        wo.disable_wal = True
-        db.set_write_options(wo)
-    return db
-
-
 class RocksDBStateTable:
     """:class:`~dstl_ray.state.table.StateTable` over a local RocksDB of ``key_groups``."""
 
@@ -172,20 +81,20 @@ class RocksDBStateTable:
         self.key_groups = key_groups
         self._kinds: list[StateKind] = []
         self._guard = threading.Lock()  # views are made and read under it; close takes it
-        self._views: weakref.WeakSet[_ViewDb] = weakref.WeakSet()
-        # set by close() only: _db is also a _Closed while a restore swaps the database
+        self._views: weakref.WeakSet[ViewDb] = weakref.WeakSet()
+        # set by close() only: _db is also a Closed while a restore swaps the database
         # (and stays one if the swap failed), and the directory must go all the same
         self._closed = False
-        with _Io(str(local_dir or tempfile.gettempdir()), "creating a working directory"):
+        with Io(str(local_dir or tempfile.gettempdir()), "creating a working directory"):
             if local_dir is not None:
                 os.makedirs(local_dir, exist_ok=True)
             sweep_stale(local_dir or tempfile.gettempdir())
             self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=local_dir)
             with open(f"{self.path}/{OWNER_FILE}", "w") as f:
                 f.write(f"{socket.gethostname()} {os.getpid()}")
-        self._read, self._write = _Io(self.path, "read"), _Io(self.path, "write")
+        self._read, self._write = Io(self.path, "read"), Io(self.path, "write")
         try:
-            self._db: Any = _open(f"{self.path}/db", self.path)
+            self._db: Any = open_db(f"{self.path}/db", self.path)
         except BaseException:
             shutil.rmtree(self.path, ignore_errors=True)
             raise
@@ -377,7 +286,7 @@ class RocksDBStateTable:
     def materialization_source(self) -> LocalCheckpoint:
         """A local RocksDB checkpoint: the memtable is flushed, the SST files hard-linked.
         That is all that runs under the backend's lock; uploading reads the links."""
-        with self._guard, _Io(self.path, "taking a checkpoint"):
+        with self._guard, Io(self.path, "taking a checkpoint"):
             os.makedirs(f"{self.path}/ckpt", exist_ok=True)
             ckpt = LocalCheckpoint(f"{self.path}/ckpt/{uuid.uuid4().hex}")
             try:
@@ -414,16 +323,16 @@ class RocksDBStateTable:
     def _adopt(self, tmp: str, handle: RocksDBHandle, key_groups: KeyGroupRange
                ) -> dict[str, UploadedFile]:
         with self._guard:
-            with _Io(self.path, "closing"):
+            with Io(self.path, "closing"):
                 self._db.close()
-            self._db = _Closed(self.path)
+            self._db = Closed(self.path)
             shutil.rmtree(f"{self.path}/db", ignore_errors=True)
-            with _Io(self.path, "moving the restored files into place"):
+            with Io(self.path, "moving the restored files into place"):
                 os.rename(tmp, f"{self.path}/db")
             try:
-                self._db = _open(f"{self.path}/db", self.path)
+                self._db = open_db(f"{self.path}/db", self.path)
             except LocalStateError as e:  # the downloaded files do not form a database
-                self._db = _open(f"{self.path}/empty-{uuid.uuid4().hex}", self.path)
+                self._db = open_db(f"{self.path}/empty-{uuid.uuid4().hex}", self.path)
                 raise FormatError(f"the RocksDB files of the handle do not open: {e}",
                                   path=handle.bundle.path) from e
         with self._write:
@@ -460,7 +369,7 @@ class RocksDBStateTable:
         the memtable) opened read-only. Not a RocksDB snapshot: rocksdict's snapshot
         iterators read the live database. The checkpoint goes when the view is garbage
         collected, or with the table."""
-        with self._guard, _Io(self.path, "taking a checkpoint"):
+        with self._guard, Io(self.path, "taking a checkpoint"):
             path = f"{self.path}/views/{uuid.uuid4().hex}"
             os.makedirs(f"{self.path}/views", exist_ok=True)
             try:
@@ -469,9 +378,9 @@ class RocksDBStateTable:
             except BaseException:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
-            src = _ViewDb(db, path)
+            src = ViewDb(db, path)
             self._views.add(src)
-        return [_StateView(self, src, sid, kind) for sid, kind in enumerate(self._kinds)]
+        return [StateView(self, src, sid, kind) for sid, kind in enumerate(self._kinds)]
 
     def close(self) -> None:
         """Close the database and its views and delete the working directory (views fail
@@ -480,70 +389,12 @@ class RocksDBStateTable:
             if self._closed:
                 return
             self._closed = True
-            db, self._db = self._db, _Closed(self.path)
+            db, self._db = self._db, Closed(self.path)
             try:
                 for v in list(self._views):
                     v.close()
-                if not isinstance(db, _Closed):  # (a restore that failed swapping it)
-                    with _Io(self.path, "closing"):
+                if not isinstance(db, Closed):  # (a restore that failed swapping it)
+                    with Io(self.path, "closing"):
                         db.close()
             finally:
                 shutil.rmtree(self.path, ignore_errors=True)
-
-
-class _ViewDb:
-    """The read-only checkpoint behind a view; closed and deleted when the view's last
-    reference goes (or with its table)."""
-
-    def __init__(self, db: Any, path: str) -> None:
-        self.db, self.path = db, path
-        self._finalizer = weakref.finalize(self, _drop_view, db, path)
-
-    def close(self) -> None:
-        self._finalizer()
-
-
-def _drop_view(db: Any, path: str) -> None:
-    try:
-        db.close()
-    except Exception:  # noqa: BLE001 - closing a read-only copy; its files go next anyway
-        pass
-    shutil.rmtree(path, ignore_errors=True)
-
-
-class _StateView(Mapping[int, Mapping[bytes, Any]]):
-    """One state of a :meth:`RocksDBStateTable.view`: key group -> {key: value}, read from
-    the view's checkpoint one key group at a time (a key group's entries are in memory at
-    once, never the whole state)."""
-
-    def __init__(self, table: RocksDBStateTable, src: _ViewDb, sid: int,
-                 kind: StateKind) -> None:
-        self._table, self._src, self._sid, self._kind = table, src, sid, kind
-
-    def _read(self, kg: int) -> dict[bytes, Any]:
-        t = self._table
-        with t._guard:
-            if isinstance(t._db, _Closed):
-                raise LocalStateError(f"RocksDB state table in {t.path} is closed")
-            with _Io(t.path, "reading a snapshot"):
-                return dict(entries(self._src.db, kg, self._sid, self._kind))
-
-    def __getitem__(self, kg: int) -> Mapping[bytes, Any]:
-        d = self._read(kg) if isinstance(kg, int) and kg in self._table.key_groups else None
-        if not d:
-            raise KeyError(kg)
-        return d
-
-    def __iter__(self) -> Iterator[int]:
-        t = self._table
-        for kg in t.key_groups:
-            with t._guard:
-                if isinstance(t._db, _Closed):
-                    raise LocalStateError(f"RocksDB state table in {t.path} is closed")
-                with _Io(t.path, "reading a snapshot"):
-                    found = next(scan(self._src.db, kg_prefix(kg, self._sid)), None)
-            if found is not None:
-                yield kg
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)

@@ -121,7 +121,7 @@ def test_a_disk_error_while_the_restored_files_become_the_database_leaves_no_dir
     coord.shutdown()
     assert os.listdir(local) == []
 
-    real_open = rocksdb_mod._open
+    real_open = rocksdb_mod.open_db
 
     def full_disk(path: str, where: str):
         # the database the table starts with does not exist yet; the downloaded one and
@@ -131,7 +131,7 @@ def test_a_disk_error_while_the_restored_files_become_the_database_leaves_no_dir
                                   f"No space left on device")
         return real_open(path, where)
 
-    monkeypatch.setattr(rocksdb_mod, "_open", full_disk)
+    monkeypatch.setattr(rocksdb_mod, "open_db", full_disk)
     with pytest.raises(d.StateError):
         _restore("job", base, local, 1)
     assert os.listdir(local) == []

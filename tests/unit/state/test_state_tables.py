@@ -18,7 +18,7 @@ from rocksdict import Options, Rdict
 import dstl_ray as d
 from dstl_ray.errors import LocalStateError, StateError
 from dstl_ray.keygroups import KeyGroupRange
-from dstl_ray.state import rocksdb
+from dstl_ray.state import rocksdb_local
 from dstl_ray.state.heap import HeapStateTable
 from dstl_ray.state.records import Op, StateKind, encode, join_items
 from dstl_ray.state.rocksdb import RocksDBStateTable
@@ -270,7 +270,7 @@ def test_rocksdb_disk_errors_are_state_errors(tmp_path):
     t = RocksDBStateTable(KGS, str(tmp_path))
     try:
         with pytest.raises(LocalStateError, match="opening") as e, \
-                rocksdb._Io(t.path, "opening"):
+                rocksdb_local.Io(t.path, "opening"):
             Rdict(f"{t.path}/db", Options(raw_mode=True))
         assert t.path in str(e.value)
     finally:
