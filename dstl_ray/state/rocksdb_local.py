@@ -16,12 +16,22 @@ import shutil
 import socket
 from typing import Any
 
-from rocksdict import DbClosedError, DBCompactionStyle, Options, Rdict, WriteOptions
+from rocksdict import (
+    BlockBasedOptions,
+    DbClosedError,
+    DBCompactionStyle,
+    Options,
+    Rdict,
+    UniversalCompactOptions,
+    WriteOptions,
+)
 
 from ..errors import LocalStateError
 
 WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
 SST_TARGET = 32 << 20
+RUN_TRIGGER = 12  # sorted runs before universal compaction merges
+MIN_MERGE_WIDTH = 6
 
 
 class Io:
@@ -94,15 +104,27 @@ def _alive(pid: int) -> bool:
 
 
 def db_options() -> Options:
+    """The table's RocksDB options, chosen for incremental uploads (what a materialization
+    uploads is what compaction wrote since the last one)."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.increase_parallelism(2)  # flushes and compactions beside each other
     opts.set_write_buffer_size(WRITE_BUFFER)
-    opts.set_target_file_size_base(SST_TARGET)  # uploads read one SST into memory at once
-    # universal compaction: a materialization's new SST files are merged with other recent
-    # ones, rarely with the whole database, so an incremental upload stays near the bytes
-    # changed (leveled compaction rewrote ~4x as much in experiments/large_state.py)
+    opts.set_target_file_size_base(SST_TARGET)
+    # universal compaction merges runs of like size, MIN_MERGE_WIDTH at a time, and lets
+    # RUN_TRIGGER sorted runs build up first: a byte is rewritten (and uploaded again) a few
+    # times in its life, not at every flush. experiments/large_state.py, 500k keys, 100
+    # rounds of 1% updates, uploaded bytes over changed bytes: leveled 11.6x (2M keys),
+    # universal defaults 8.1x, these settings 2.5x (p50 1.07x)
     opts.set_compaction_style(DBCompactionStyle.universal())
+    uco = UniversalCompactOptions()
+    uco.min_merge_width = MIN_MERGE_WIDTH
+    opts.set_universal_compaction_options(uco)
+    opts.set_level_zero_file_num_compaction_trigger(RUN_TRIGGER)
+    # with up to RUN_TRIGGER runs a point read would look into each: bloom filters spare it
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
     return opts
 
 
