@@ -31,7 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ..errors import StorageError
-from ..storage.base import MiB, Storage, join, split_protocol, supports_append
+from ..storage.base import (
+    MiB,
+    Storage,
+    join,
+    split_protocol,
+    supports_append,
+    write_local_file,
+)
 
 
 def _payload(tag: str, size: int) -> bytes:
@@ -108,6 +115,23 @@ class StorageSuite:
         mid = large_size // 2
         assert storage.read_range(url, mid - 1000, 4000) == data[mid - 1000:mid + 3000]
         assert storage.read_range(url, large_size - 5, 100) == data[-5:]
+
+    def test_a_local_file_is_written_whole_streamed_or_not(self, storage, base, large_size,
+                                                             tmp_path):
+        """``write_local_file`` (SST uploads of the rocksdb state table): streamed where
+        the storage has ``write_from``, read whole otherwise; the bytes arrive either way,
+        nested directories need not exist, and a missing local file names it."""
+        data = _payload("local", large_size)
+        local = tmp_path / "sst.bin"
+        local.write_bytes(data)
+        url = join(base, "job", "mat", "x.sst")
+        write_local_file(storage, url, str(local))
+        assert storage.read_file(url) == data
+        write_local_file(storage, url, str(local))  # again: replaced whole
+        assert storage.read_file(url) == data and storage.list_files(base) == [url]
+        with pytest.raises((StorageError, OSError)) as ei:
+            write_local_file(storage, join(base, "y.sst"), str(tmp_path / "missing"))
+        assert "missing" in str(ei.value)
 
     def test_a_rewrite_is_never_seen_half_done(self, storage, base):
         """write_file is all or nothing: a reader sees the old or the new file, never a mix,
