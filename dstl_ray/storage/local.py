@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Callable
+from typing import BinaryIO
 
 from ..errors import StorageError
 from .base import COPY_CHUNK, _check_range, split_protocol
@@ -27,13 +29,27 @@ class LocalStorage:
         return rest
 
     def write_file(self, path: str, data: bytes) -> None:
+        self._replace(path, lambda f: f.write(data), "")
+
+    def write_from(self, path: str, local_path: str) -> None:
+        """Copy the local file ``local_path`` to ``path`` without holding it in memory, as
+        :meth:`write_file` writes: a temp file, fsynced, renamed into place."""
+        def fill(f: BinaryIO) -> None:
+            with open(local_path, "rb") as src:
+                shutil.copyfileobj(src, f, COPY_CHUNK)
+
+        self._replace(path, fill, f" from {local_path}")
+
+    def _replace(self, path: str, fill: Callable[[BinaryIO], object], what: str) -> None:
+        """Write ``path`` whole or not at all: ``fill`` writes a temp file, which is fsynced
+        and renamed into place, then the directory is fsynced."""
         local = self._local(path)
         directory = os.path.dirname(local)
         tmp = f"{local}.tmp-{uuid.uuid4().hex}"
         try:
             os.makedirs(directory, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(data)
+                fill(f)
                 if self._fsync:
                     f.flush()
                     os.fsync(f.fileno())
@@ -49,34 +65,7 @@ class LocalStorage:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise StorageError(f"cannot write {path}: {e}") from e
-
-    def write_from(self, path: str, local_path: str) -> None:
-        """Copy the local file ``local_path`` to ``path`` without holding it in memory, as
-        :meth:`write_file` does it: a temp file, fsynced, renamed into place."""
-        local = self._local(path)
-        directory = os.path.dirname(local)
-        tmp = f"{local}.tmp-{uuid.uuid4().hex}"
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with open(local_path, "rb") as src, open(tmp, "wb") as f:
-                shutil.copyfileobj(src, f, COPY_CHUNK)
-                if self._fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, local)
-            if self._fsync:
-                fd = os.open(directory, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise StorageError(f"cannot write {path} from {local_path}: {e}") from e
+            raise StorageError(f"cannot write {path}{what}: {e}") from e
 
     def create_file(self, path: str, data: bytes) -> bool:
         """Write ``path`` only if it does not exist yet, atomically (a hard link of a
