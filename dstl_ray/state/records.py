@@ -337,6 +337,14 @@ def encode_full(sid: int, kind: StateKind, key: bytes, value: Any) -> list[bytes
     return [encode(Op.MAP_PUT, sid, key, v, uk) for uk, v in value.items()]
 
 
+def local_value_sid(sid: int, kinds: list[StateKind], sid_map: list[int] | None) -> int:
+    """The local id of a record's state ``sid`` (translated by ``sid_map``) if it is a known
+    value state, else -1: the check of the replay loops' inline value-set path (anything
+    else goes through :func:`decode_record`, which raises the error)."""
+    local = sid if sid_map is None else sid_map[sid] if sid < len(sid_map) else -1
+    return local if 0 <= local < len(kinds) and kinds[local] is StateKind.VALUE else -1
+
+
 def apply_records(recs: list[bytes], tables: list[dict[int, dict]], kinds: list[StateKind],
                   kg: int, sid_map: list[int] | None = None) -> None:
     """:func:`apply_record` over many records of key group ``kg`` (the replay loop of
@@ -351,9 +359,8 @@ def apply_records(recs: list[bytes], tables: list[dict[int, dict]], kinds: list[
                 d = value_tables.get(sid, False)
                 if d is False:
                     d = None
-                    local = sid_map[sid] if sid_map is not None and sid < len(sid_map) else (
-                        sid if sid_map is None else -1)
-                    if 0 <= local < len(tables) and kinds[local] is StateKind.VALUE:
+                    local = local_value_sid(sid, kinds, sid_map)
+                    if local >= 0:
                         per_kg = tables[local]
                         d = per_kg.get(kg)
                         if d is None:

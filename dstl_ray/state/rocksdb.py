@@ -51,6 +51,7 @@ from .records import (
     StateKind,
     decode_record,
     join_items,
+    local_value_sid,
     split_items,
 )
 from .rocksdb_keys import MAX_KEY_GROUPS, entries, entry_key, kg_prefix, scan
@@ -188,10 +189,8 @@ class RocksDBStateTable:
                 if op == VSET and ver == RECORD_VERSION and hsize + klen <= len(rec):
                     pre = value_prefix.get(rsid, False)
                     if pre is False:
-                        local = (rsid if sid_map is None else
-                                 sid_map[rsid] if rsid < len(sid_map) else -1)
-                        pre = (kg_prefix(kg, local) if 0 <= local < len(kinds)
-                               and kinds[local] is StateKind.VALUE else None)
+                        local = local_value_sid(rsid, kinds, sid_map)
+                        pre = kg_prefix(kg, local) if local >= 0 else None
                         value_prefix[rsid] = pre
                     if pre is not None:
                         p = hsize + klen
