@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import google_crc32c
 from rocksdict import AccessType, Options, Rdict
@@ -49,6 +49,8 @@ from ..storage.registry import get_storage
 from .records import StateKind, encode_full
 from .rocksdb_keys import entries
 
+T = TypeVar("T")
+R = TypeVar("R")
 PARALLEL = 4  # files up- or downloaded at once per backend (streamed: COPY_CHUNK each)
 _IO = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dstl-sst")
 
@@ -79,10 +81,10 @@ class LocalCheckpoint:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _bounded(fn, items: list) -> list:  # noqa: ANN001 - a helper for both directions
+def _bounded(fn: Callable[[T], R], items: list[T]) -> list[R]:
     """``[fn(x) for x in items]`` on the I/O pool, at most :data:`PARALLEL` at once; the
     first error is raised after every started call ended."""
-    out: list = [None] * len(items)
+    out: list[Any] = [None] * len(items)
     sem = threading.Semaphore(PARALLEL)
 
     def run(i: int) -> None:
