@@ -6,9 +6,10 @@ appended before have sqn <= it, changes appended after have sqn > it. ``persist_
 ships, as ONE request, the changesets with sqn > ``after`` that are neither uploaded nor
 uploading, and combines the result with what earlier uploads already hold (FLIP-158 "Example").
 
-Durability (docs/architecture.md "Write path" 1): every changeset stays in memory until ``truncate(before)`` drops it, so
-a failed upload never loses a change a checkpoint may need; the persist future fails with a
-:class:`PersistError` and the next persist request re-sends those changesets.
+Durability (docs/architecture.md "Write path" 1): a changeset's bytes stay in memory until an
+upload of it succeeds, so a failed upload never loses a change a checkpoint may need; the
+persist future fails with a :class:`PersistError` and the next persist request re-sends those
+changesets. After a successful upload only its segment is kept, until ``truncate(before)``.
 """
 
 from __future__ import annotations

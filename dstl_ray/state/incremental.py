@@ -140,8 +140,8 @@ class SstUploads:
         def put(name: str, data: bytes, suffix: str) -> UploadedFile:
             rel = f"mat/{uuid.uuid4().hex}{suffix}"
             url = join(self._job_path, rel)
-            self._storage.write_file(url, data)
             done.append(url)
+            self._storage.write_file(url, data)
             return UploadedFile(name, rel, len(data), crc32c_of(data))
 
         def put_sst(name: str) -> UploadedFile:
@@ -150,8 +150,8 @@ class SstUploads:
             rel = f"mat/{uuid.uuid4().hex}{SST_SUFFIX}"
             url = join(self._job_path, rel)
             crc = file_crc32c(local)
+            done.append(url)  # before the write: a failed one may leave a partial object
             write_local_file(self._storage, url, local)
-            done.append(url)
             return UploadedFile(name, rel, sizes[name], crc)
 
         try:
