@@ -187,6 +187,7 @@ def run_table(table: str, keys: int, rounds: int, work: str, limit_gb: float = 0
         "upload_to_changed_mean": round(sum(upload) / sum(changed), 2),
         # subtask 0's materializations one by one: compactions show as the large ones
         "upload_bytes_rounds_subtask0": results[0]["upload_bytes"],
+        "changed_bytes_rounds_subtask0": results[0]["changed_bytes"],
         "first_mat_bytes": sum(r["first_mat_bytes"] for r in results),
         "first_mat_s_max": round(max(r["first_mat_s"] for r in results), 1),
         "load_s_max": round(max(r["load_s"] for r in results), 1),
@@ -213,12 +214,36 @@ def run_spark_row(keys: int, rounds: int, work: str) -> dict[str, Any]:
             "error": (proc.stderr or proc.stdout)[-500:]}
 
 
+def _plot_long_run(ax: Any, run: dict[str, Any]) -> None:
+    """Subtask 0's uploads over the long run, over the bytes changed: the flushed changes
+    each round, and compaction's merges as the spikes; the running mean beside them."""
+    if "error" in run:
+        ax.set_title(f"long run failed: {run['error'][:40]}", fontsize=8)
+        return
+    up, ch = run["upload_bytes_rounds_subtask0"], run["changed_bytes_rounds_subtask0"]
+    xs = range(1, len(up) + 1)
+    ax.plot(xs, [u / c for u, c in zip(up, ch, strict=True)], lw=0.6, label="per round")
+    mean, su, sc = [], 0, 0
+    for u, c in zip(up, ch, strict=True):
+        su, sc = su + u, sc + c
+        mean.append(su / sc)
+    ax.plot(xs, mean, color="tab:red", label="running mean")
+    ax.axhline(2, color="grey", ls="--", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("round", fontsize=8)
+    ax.set_title(f"rocksdb upload / changed, {run['keys']:,} keys", fontsize=9)
+    ax.legend(fontsize=7)
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--keys", type=int, default=0)
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--tables", default="heap,rocksdb")
     p.add_argument("--no-spark", action="store_true")
+    p.add_argument("--long-keys", type=int, default=0,
+                   help="keys of the long rocksdb run (upload over many rounds)")
+    p.add_argument("--long-rounds", type=int, default=0)
     p.add_argument("--heap-limit-gb", type=float, default=5.0,
                    help="address-space limit per heap subtask (0: none)")
     args = p.parse_args()
@@ -236,22 +261,28 @@ def main() -> None:
             row = run_spark_row(keys, rounds, work)
             print(json.dumps(row), flush=True)
             rows.append(row)
+        # compaction's share of the uploads shows only over many rounds
+        long_run = run_table("rocksdb", args.long_keys or (200_000 if args.quick else 2_000_000),
+                             args.long_rounds or (20 if args.quick else 200), work)
+        print(json.dumps({k: v for k, v in long_run.items() if not isinstance(v, list)}),
+              flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     data = {"keys": keys, "value_bytes": VALUE, "parallelism": PARALLELISM, "rounds": rounds,
-            "update_fraction": 0.01, "rows": rows, "machine": machine()}
+            "update_fraction": 0.01, "rows": rows, "long_run": long_run, "machine": machine()}
     pyplot = plt()
-    fig, axes = pyplot.subplots(1, 4, figsize=(14, 3.2))
+    fig, axes = pyplot.subplots(1, 5, figsize=(17.5, 3.2))
     ok = [r for r in rows if "error" not in r]
     names = [r["backend"] for r in ok]
     for ax, (field, label) in zip(axes, [("ckpt_ms_p50", "checkpoint p50 (ms)"),
                                          ("mat_upload_bytes", "upload per materialization (MB)"),
                                          ("peak_rss_mb", "peak RSS per subtask (MiB)"),
-                                         ("recovery_s", "recovery (s)")], strict=True):
+                                         ("recovery_s", "recovery (s)")], strict=False):
         vals = [r.get(field, 0) / (1e6 if field == "mat_upload_bytes" else 1) for r in ok]
         ax.bar(names, vals, color=["tab:blue", "tab:green", "tab:orange"][:len(vals)])
         ax.set_title(label, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
+    _plot_long_run(axes[4], long_run)
     fig.suptitle(f"{keys:,} keys of {VALUE} B, parallelism {PARALLELISM}, 1% updated per "
                  f"checkpoint", fontsize=10)
     fig.tight_layout()

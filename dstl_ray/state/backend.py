@@ -302,8 +302,10 @@ class ChangelogKeyedStateBackend:
     def _checkpoint_and_write(self, box: list[int]) -> Any:
         """Materialization of a table whose snapshot is a local checkpoint: the TTL purge
         holds the lock for one key group at a time, then steps 1-2 hold it only while the
-        local RocksDB checkpoint (a flush and hard links) is taken; step 3 uploads."""
+        local RocksDB checkpoint (a flush and hard links) is taken; step 3 uploads. A
+        database mostly not uploaded yet is compacted first (outside the lock)."""
         self._purge_expired(self._lock)
+        self._table.compact_before_upload(self._files.ssts.names())
         with self._lock:
             if self._closed:
                 raise CheckpointError("backend closed during materialization")

@@ -10,7 +10,7 @@ State is bounded by the process's memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from ..format.incremental import RocksDBHandle, UploadedFile
@@ -132,6 +132,9 @@ class HeapStateTable:
 
     def materialization_source(self) -> TableView:
         return self.view()
+
+    def compact_before_upload(self, uploaded: Collection[str]) -> bool:
+        return False
 
     def load_incremental(self, handle: RocksDBHandle, base_path: str,
                          key_groups: KeyGroupRange, sid_map: list[int]

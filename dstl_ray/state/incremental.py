@@ -124,6 +124,11 @@ class SstUploads:
         with self._lock:
             self.known.update(files)
 
+    def names(self) -> frozenset[str]:
+        """The local names of the SST files uploaded so far."""
+        with self._lock:
+            return frozenset(self.known)
+
     def upload(self, ckpt: LocalCheckpoint, key_groups: KeyGroupRange, states: StatesSpec,
                sqn: int) -> RocksDBHandle:
         """Upload what ``ckpt`` holds that is not uploaded yet and return its handle. On

@@ -29,7 +29,7 @@ import tempfile
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from rocksdict import (
@@ -62,6 +62,7 @@ from .rocksdb_local import (
     Io,
     open_db,
     sweep_stale,
+    worth_compacting,
 )
 from .rocksdb_views import StateView, ViewDb
 from .table import TableView
@@ -294,6 +295,15 @@ class RocksDBStateTable:
                 ckpt.close()
                 raise
         return ckpt
+
+    def compact_before_upload(self, uploaded: Collection[str]) -> bool:
+        """A full compaction if :func:`worth_compacting` (RocksDB's manual compaction does
+        not hold the GIL: state access goes on; views and close wait for it)."""
+        with self._guard, Io(self.path, "compacting"):
+            if not worth_compacting(self._db, uploaded):
+                return False
+            self._db.compact_range(None, None)
+        return True
 
     def _empty(self) -> bool:
         with self._read:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections.abc import Collection
 from typing import Any
 
 from rocksdict import (
@@ -126,6 +127,19 @@ def db_options() -> Options:
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)
     return opts
+
+
+def worth_compacting(db: Any, uploaded: Collection[str]) -> bool:
+    """Whether a full compaction should come before the next upload: the database has
+    more than one sorted run and over half its bytes are in files not uploaded yet (after
+    a bulk load, a restore that copied entries, or a first materialization). Those go up
+    anyway; merged first, they go up once, where otherwise universal compaction would merge
+    the runs a few rounds later (its space-amplification rule) and upload them all again."""
+    files = db.live_files()
+    runs = sum(1 for f in files if f["level"] == 0) + len(
+        {f["level"] for f in files if f["level"] > 0})
+    new = sum(f["size"] for f in files if f["name"].lstrip("/") not in uploaded)
+    return runs > 1 and 2 * new > sum(f["size"] for f in files)
 
 
 def open_db(path: str, where: str) -> Any:

@@ -20,7 +20,7 @@ step 2).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..format.incremental import RocksDBHandle, UploadedFile
@@ -99,6 +99,12 @@ class StateTable(Protocol):
         """What a materialization uploads, taken under the backend's lock (FLIP-158
         "Materializing state changes", step 2): a :meth:`view` (encoded as one file), or a
         local RocksDB checkpoint (uploaded incrementally, :mod:`dstl_ray.state.incremental`)."""
+
+    def compact_before_upload(self, uploaded: Collection[str]) -> bool:
+        """Before a materialization, outside the backend's lock: merge the table's files
+        if most of them would be uploaded anyway (none named ``uploaded``), so they go up
+        once in merged form instead of now and again after their merge. Returns whether
+        it compacted (a heap table never does)."""
 
     def load_incremental(self, handle: RocksDBHandle, base_path: str,
                          key_groups: KeyGroupRange, sid_map: list[int]

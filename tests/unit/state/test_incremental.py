@@ -78,6 +78,38 @@ def test_a_second_materialization_with_1pct_changed_uploads_a_small_fraction(tmp
     assert not files(base) - referenced(coord) and cc.checkpoint_id == 1
 
 
+def _runs(table) -> int:
+    files = table._db.live_files()
+    return sum(f["level"] == 0 for f in files) + len({f["level"] for f in files if f["level"]})
+
+
+def test_a_bulk_loads_runs_are_merged_before_their_first_upload(tmp_path):
+    """Runs not uploaded yet are merged before they go up (once, merged), not uploaded as
+    they are and again after universal compaction merges them; a database mostly uploaded
+    already is not compacted (only the new run goes up)."""
+    base, local = new_base(tmp_path), tmp_path / "local"
+    local.mkdir()
+    coord, (b,) = _job(base, local)
+    s = b.value_state("s")
+    for part in range(4):  # four sorted runs, as a bulk load bigger than the memtable
+        for i in range(part, N, 4):
+            s.update(f"key-{i}", f"v-{i}-" + "x" * 80)
+        b._table._db.flush()
+    assert _runs(b._table) == 4
+    h1 = b.materialize().result(timeout=60)
+    assert _runs(b._table) == 1
+    assert {f.name for f in h1.ssts} == {f["name"].lstrip("/") for f in b._table._db.live_files()}
+    full = b._files.last_upload_bytes
+    for i in range(0, N, 100):
+        s.update(f"key-{i}", "changed")
+    h2 = b.materialize().result(timeout=60)
+    assert _runs(b._table) == 2  # the base run, uploaded, and the flushed changes
+    assert {f.path for f in h1.ssts} < {f.path for f in h2.ssts}
+    assert b._files.last_upload_bytes < full * 0.15
+    assert dict(b.dump()["s"])["key-100"] == "changed"
+    coord.shutdown()
+
+
 def test_restore_opens_the_sst_files_and_reuses_them(tmp_path):
     base, local = new_base(tmp_path), tmp_path / "local"
     local.mkdir()
