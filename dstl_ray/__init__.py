@@ -47,6 +47,8 @@ from .state.backend import (
     RestoreSource,
     ValueState,
 )
+from .state.change_feed import Change, read_change_feed
+from .state.reader import read_state
 from .state.records import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -64,6 +66,7 @@ from .upload.uploader import Uploader
 __version__ = "0.1.0"
 
 __all__ = [
+    "Change",
     "ChangelogComponent",
     "ChangelogConfig",
     "ChangelogKeyedStateBackend",
@@ -120,6 +123,8 @@ __all__ = [
     "deploy",
     "key_group_range_for_subtask",
     "load_checkpoint",
+    "read_change_feed",
+    "read_state",
     "stable_hash",
     "tracing",
 ]

@@ -1,0 +1,129 @@
+"""Reading the state of a retained checkpoint or savepoint without running the job (Flink's
+State Processor API, Spark's state data source): the snapshots of one operator are restored,
+key-group range by key-group range, into a throwaway table, and one state is read back as
+plain Python objects.
+
+Nothing is written: no changelog writer, no lease, no registry. Several readers may read
+disjoint key-group ranges of one checkpoint in parallel (``spark_glue.read_state`` does, one
+Spark task per range), each holding only its range in memory. Expired entries of TTL states
+are left out, as the job would never return them (FLIP-158 leaves TTL to the backend;
+Flink's StateTtlConfig "never return expired").
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint.recovery import (
+    CompletedCheckpoint,
+    assign_sources,
+    list_checkpoints,
+    load_checkpoint,
+)
+from ..checkpoint.snapshot import METADATA_FILE
+from ..errors import RestoreError, StateError
+from ..keygroups import key_group_range_for_subtask
+from ..storage.base import join, normalize_url
+from .names import StateNames
+from .records import StateKind, TaggedSerializer
+from .restore import restore_state
+from .tables import dump_table, open_table
+from .ttl import spec_ttl
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    """One state of an operator in a checkpoint: its name, kind and TTL (ms or None)."""
+
+    name: str
+    kind: StateKind
+    ttl_ms: int | None
+
+
+def resolve_checkpoint(source: str) -> str:
+    """The ``_metadata`` URL that ``source`` names: a ``_metadata`` URL, a checkpoint or
+    savepoint directory (``.../chk-7``, ``.../savepoint-2``), or a job directory (its latest
+    complete checkpoint)."""
+    url = normalize_url(source).rstrip("/")
+    if url.endswith("/" + METADATA_FILE):
+        return url
+    last = url.rsplit("/", 1)[-1]
+    if last.startswith(("chk-", "savepoint-")):
+        return join(url, METADATA_FILE)
+    found = list_checkpoints(url)
+    if not found:
+        raise RestoreError(f"no complete checkpoint under {source} (give a job directory, a "
+                           f"chk-n or savepoint-n directory, or a _metadata URL)",
+                           checkpoint=source)
+    return found[-1][1]
+
+
+def operator_states(cc: CompletedCheckpoint, operator_id: str) -> dict[str, StateInfo]:
+    """The states the snapshots of ``operator_id`` in ``cc`` name, by name."""
+    out: dict[str, StateInfo] = {}
+    snaps = [s for s in cc.metadata.snapshots if s.operator_id == operator_id]
+    if not snaps:
+        ops = sorted({s.operator_id for s in cc.metadata.snapshots})
+        raise StateError(f"checkpoint {cc.metadata_url} has no operator {operator_id!r} "
+                         f"(it has {', '.join(map(repr, ops)) or 'none'})")
+    for s in snaps:
+        for comp in s.components:
+            for spec in comp.states:
+                out.setdefault(spec[0], StateInfo(spec[0], StateKind(spec[1]),
+                                                  spec_ttl(spec)))
+    return out
+
+
+def the_operator(cc: CompletedCheckpoint, operator_id: str | None) -> str:
+    """``operator_id``, or the only operator of ``cc`` when None."""
+    if operator_id is not None:
+        return operator_id
+    ops = sorted({s.operator_id for s in cc.metadata.snapshots})
+    if len(ops) != 1:
+        raise StateError(f"checkpoint {cc.metadata_url} holds operators {ops}: name one "
+                         f"(operator_id=...)")
+    return ops[0]
+
+
+def read_range(metadata_url: str, operator_id: str, state: str, parts: int, index: int,
+               now_ms: int | None = None) -> Iterator[tuple[Any, Any]]:
+    """The ``(key, value)`` pairs of ``state`` in key-group range ``index`` of ``parts``
+    (the ranges a job of parallelism ``parts`` would give its subtasks). Values are as the
+    job reads them: a value, a list, or a dict for a map state. ``now_ms``: the time TTL
+    expiry is judged at (default now)."""
+    cc = load_checkpoint(metadata_url)
+    info = operator_states(cc, operator_id).get(state)
+    if info is None:
+        raise StateError(f"operator {operator_id!r} in {metadata_url} has no state {state!r} "
+                         f"(it has {sorted(operator_states(cc, operator_id))})")
+    kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, parts, index)
+    sources = assign_sources(cc, operator_id, parts)[index]
+    with tempfile.TemporaryDirectory(prefix="dstl-reader-") as local:
+        table = open_table("heap", kgr, local)
+        names = StateNames(table.add_state)
+        try:
+            restore_state(sources, kgr, "", names.register, table, None)
+            dump = dump_table({state: names.names[state]} if state in names.names else {},
+                              names.kinds, names.ttls,
+                              int(time.time() * 1000) if now_ms is None else now_ms, table,
+                              range(kgr.start, kgr.end + 1), TaggedSerializer().deserialize)
+        finally:
+            table.close()
+    yield from dump.get(state, {}).items()
+
+
+def read_state(source: str, state: str, operator_id: str | None = None,
+               now_ms: int | None = None) -> dict[Any, Any]:
+    """Every entry of ``state`` in the checkpoint or savepoint ``source`` (see
+    :func:`resolve_checkpoint`), read in this process: {key: value}."""
+    url = resolve_checkpoint(source)
+    op = the_operator(load_checkpoint(url), operator_id)
+    return dict(read_range(url, op, state, 1, 0, now_ms))
+
+
+__all__ = ["StateInfo", "operator_states", "read_range", "read_state",
+           "resolve_checkpoint", "the_operator"]

@@ -1,0 +1,137 @@
+"""The state of a retained checkpoint or savepoint as a Spark DataFrame (Spark's state data
+source, Flink's State Processor API), read in parallel by key group: one Spark task per
+key-group range restores that range of the operator's snapshots and yields its entries
+(:mod:`dstl_ray.state.reader`); and the change feed between two checkpoints, from the
+changelog (:mod:`dstl_ray.state.change_feed`). The job need not run; nothing is written.
+
+State columns: ``key, value`` for a value state; ``key, value`` (an array) for a list state;
+``key, user_key, value`` for a map state, one row per entry. Change feed columns: ``key, op,
+user_key, value, log, sqn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pyspark.sql.types import StringType, StructField, StructType
+
+from dstl_ray.checkpoint.recovery import load_checkpoint
+from dstl_ray.errors import ConfigError
+from dstl_ray.state.change_feed import check_window
+from dstl_ray.state.change_feed import read_change_feed as _feed
+from dstl_ray.state.reader import operator_states, read_range, resolve_checkpoint, the_operator
+from dstl_ray.state.records import StateKind
+from dstl_ray.storage.base import join
+
+from .operator import KeyedStatefulOperator
+
+_FALLBACK_SCHEMA = {StateKind.VALUE: "key string, value string",
+                    StateKind.LIST: "key string, value array<string>",
+                    StateKind.MAP: "key string, user_key string, value string"}
+
+
+def _rows(url: str, op: str, state: str, kind: StateKind, parts: int, index: int,
+          now_ms: int | None) -> Iterator[tuple[Any, ...]]:
+    for key, value in read_range(url, op, state, parts, index, now_ms):
+        if kind is StateKind.MAP:
+            for user_key, v in value.items():
+                yield key, user_key, v
+        else:
+            yield key, value
+
+
+def checkpoint_url(source: Any, namespace: str | None = None) -> tuple[str, str | None]:
+    """``(the _metadata URL, its operator id or None)`` of ``source``: a
+    :class:`~spark_glue.KeyedStatefulOperator` (its latest checkpoint), a URL or path of a
+    job directory, checkpoint, savepoint or ``_metadata`` file, or a job id on the tree of
+    ``namespace`` (its latest checkpoint)."""
+    if isinstance(source, KeyedStatefulOperator):
+        return (resolve_checkpoint(join(source.base_path, source.job_id)),
+                source.operator_id)
+    if not isinstance(source, str) or not source:
+        raise ConfigError(f"source must be an operator, a URL or a job id, got {source!r}")
+    if "://" in source or source.startswith("/"):
+        return resolve_checkpoint(source), None
+    from dstl_ray.log.client import StateChangelogClient
+
+    client = StateChangelogClient(source, namespace=namespace)
+    try:
+        return resolve_checkpoint(join(client.transport.base_path, source)), None
+    finally:
+        client.close()
+
+
+def read_state(spark: Any, source: Any, state: str, *, operator_id: str | None = None,
+               parallelism: int | None = None, schema: Any = None,
+               namespace: str | None = None, now_ms: int | None = None) -> Any:
+    """A DataFrame of ``state`` in the checkpoint or savepoint ``source`` (see
+    :func:`checkpoint_url`), read by ``parallelism`` Spark tasks (default Spark's default
+    parallelism, at most the checkpoint's max parallelism), one key-group range each.
+
+    ``schema``: the DataFrame's schema (a DDL string or StructType). Default: inferred from
+    the first rows (give one when values have mixed types); an empty state gets strings.
+    Expired entries of TTL states are left out (judged at ``now_ms``, default now)."""
+    url, op_of_source = checkpoint_url(source, namespace)
+    cc = load_checkpoint(url)
+    op = the_operator(cc, operator_id or op_of_source)
+    info = operator_states(cc, op).get(state)
+    if info is None:
+        raise ConfigError(f"operator {op!r} in {url} has no state {state!r} (it has "
+                          f"{sorted(operator_states(cc, op))})")
+    n = parallelism or spark.sparkContext.defaultParallelism
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"parallelism must be an int >= 1, got {parallelism!r}")
+    n = min(n, cc.metadata.max_parallelism)
+    kind = info.kind
+
+    def part(index: int) -> Iterator[tuple[Any, ...]]:
+        return _rows(url, op, state, kind, n, index, now_ms)
+
+    rdd = spark.sparkContext.parallelize(range(n), n).flatMap(part)
+    cols = ["key", "user_key", "value"] if kind is StateKind.MAP else ["key", "value"]
+    return _frame(spark, rdd, cols, schema, _FALLBACK_SCHEMA[kind])
+
+
+def _frame(spark: Any, rdd: Any, cols: list[str], schema: Any, fallback: str) -> Any:
+    """``rdd`` as a DataFrame: with ``schema``, or one inferred from its first rows (which
+    computes the first non-empty partitions once more; a column None in all of them is a
+    string column), or ``fallback`` when there are no rows."""
+    if schema is None:
+        sample = rdd.take(50)
+        schema = _infer(spark, sample, cols) if sample else fallback
+    return spark.createDataFrame(rdd, schema)
+
+
+def _infer(spark: Any, sample: list[tuple[Any, ...]], cols: list[str]) -> Any:
+    fields = []
+    for i, name in enumerate(cols):
+        seen = [r[i] for r in sample if r[i] is not None]
+        dtype = (spark.createDataFrame([(v,) for v in seen], ["x"]).schema[0].dataType
+                 if seen else StringType())
+        fields.append(StructField(name, dtype, True))
+    return StructType(fields)
+
+
+def read_change_feed(spark: Any, start: Any, end: Any, state: str, *,
+                     operator_id: str | None = None, parallelism: int | None = None,
+                     schema: Any = None, namespace: str | None = None) -> Any:
+    """A DataFrame of the changes of ``state`` after checkpoint ``start`` up to checkpoint
+    ``end`` (each as :func:`checkpoint_url` takes; an operator means its latest), read from
+    the changelog by ``parallelism`` Spark tasks, one key-group range each. Fails
+    (:class:`~dstl_ray.errors.StateError`) if a materialization in between truncated the
+    changes away."""
+    s_url, op_s = checkpoint_url(start, namespace)
+    e_url, op_e = checkpoint_url(end, namespace)
+    op = check_window(s_url, e_url, operator_id or op_e or op_s)  # errors on the driver
+    n = min(parallelism or spark.sparkContext.defaultParallelism,
+            load_checkpoint(e_url).metadata.max_parallelism)
+
+    def part(index: int) -> Iterator[tuple[Any, ...]]:
+        for c in _feed(s_url, e_url, state, op, n, index):
+            yield c.key, c.op, c.user_key, c.value, c.log, c.sqn
+
+    rdd = spark.sparkContext.parallelize(range(n), n).flatMap(part)
+    return _frame(spark, rdd, ["key", "op", "user_key", "value", "log", "sqn"], schema,
+                  "key string, op string, user_key string, value string, log string, "
+                  "sqn long")

@@ -1,0 +1,118 @@
+"""The change feed between two checkpoints (dstl_ray.state.change_feed; Spark's
+readChangeFeed): every change of a state after checkpoint A up to checkpoint B, per key in the
+order made, decoded (TTL stamps stripped); key-group ranges split it; a log started by a
+restore after A counts from its beginning; a materialization that truncated the log past A,
+and a reversed window, are errors that say why."""
+
+from __future__ import annotations
+
+import pytest
+
+import dstl_ray as d
+from dstl_ray.errors import StateError
+from dstl_ray.state.change_feed import read_change_feed
+
+from ..ckpt_util import MAXP, client, new_base
+
+
+def _job(base, parallelism=2, restore=None, mat=None):
+    coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=5)
+    bs = coord.restore(client("job", base), "op", parallelism, materialization_interval=mat)
+    return coord, bs
+
+
+def _owner(bs, k):
+    return next(b for b in bs if b.key_group_range.start <= d.assign_key_group(k, MAXP)
+                <= b.key_group_range.end)
+
+
+def _per_key(changes):
+    out: dict = {}
+    for c in changes:
+        out.setdefault(c.key, []).append((c.op, c.user_key, c.value))
+    return out
+
+
+def test_the_feed_holds_every_change_after_a_up_to_b_in_order(tmp_path):
+    base = new_base(tmp_path)
+    coord, bs = _job(base)
+    for i in range(50):
+        b = _owner(bs, f"k{i}")
+        b.value_state("v").update(f"k{i}", "before")
+        b.map_state("m").put(f"k{i}", "x", 0)
+    a = coord.trigger_checkpoint().result()
+    want: dict = {}
+    for i in range(0, 50, 2):
+        k, b = f"k{i}", _owner(bs, f"k{i}")
+        b.value_state("v").update(k, i)
+        b.value_state("v").update(k, i + 1)
+        want.setdefault(k, []).extend([("value_set", None, i), ("value_set", None, i + 1)])
+        if i % 4 == 0:
+            b.value_state("v").clear(k)
+            want[k].append(("value_clear", None, None))
+        b.map_state("m").put(k, "y", [i])  # another state: not in v's feed
+    b_ = coord.trigger_checkpoint().result()
+    got = list(read_change_feed(a.metadata_url, b_.metadata_url, "v"))
+    assert _per_key(got) == want
+    assert all(c.sqn > 0 and len(c.log) == 32 for c in got)
+    m = _per_key(read_change_feed(a.metadata_url, b_.metadata_url, "m"))
+    assert m == {f"k{i}": [("map_put", "y", [i])] for i in range(0, 50, 2)}
+    parts = [list(read_change_feed(a.metadata_url, b_.metadata_url, "v", parts=3, index=i))
+             for i in range(3)]
+    assert sorted(map(repr, sum(parts, []))) == sorted(map(repr, got))
+    assert not set.intersection(*({c.key for c in p} for p in parts))
+    with pytest.raises(StateError, match="from an earlier checkpoint to a later one"):
+        list(read_change_feed(b_.metadata_url, a.metadata_url, "v"))
+    coord.shutdown()
+
+
+def test_list_and_ttl_changes_are_decoded(tmp_path):
+    base = new_base(tmp_path)
+    coord, (b,) = _job(base, parallelism=1)
+    a = coord.trigger_checkpoint().result()
+    lst, t = b.list_state("l"), b.value_state("t", ttl=60)
+    lst.add("k", 1)
+    lst.update("k", [2, 3])
+    lst.clear("k")
+    t.update("k", {"x": 1})
+    c = coord.trigger_checkpoint().result()
+    assert [(x.op, x.value) for x in read_change_feed(a.metadata_url, c.metadata_url, "l")] \
+        == [("list_add", 1), ("list_set", [2, 3]), ("list_clear", None)]
+    assert [(x.op, x.value) for x in read_change_feed(a.metadata_url, c.metadata_url, "t")] \
+        == [("value_set", {"x": 1})]
+    coord.shutdown()
+
+
+def test_a_materialization_past_a_makes_the_feed_unavailable(tmp_path):
+    base = new_base(tmp_path)
+    coord, (b,) = _job(base, parallelism=1)
+    v = b.value_state("v")
+    v.update("k", 1)
+    a = coord.trigger_checkpoint().result()
+    v.update("k", 2)
+    b.materialize().result(timeout=60)  # truncates the log after A's position
+    v.update("k", 3)
+    c = coord.trigger_checkpoint().result()
+    with pytest.raises(StateError, match="truncated at sqn .* no longer held"):
+        list(read_change_feed(a.metadata_url, c.metadata_url, "v"))
+    # from the materialization on, the feed is there again
+    v.update("k", 4)
+    e = coord.trigger_checkpoint().result()
+    assert [x.value for x in read_change_feed(c.metadata_url, e.metadata_url, "v")] == [4]
+    coord.shutdown()
+
+
+def test_a_log_begun_by_a_restore_after_a_counts_from_its_beginning(tmp_path):
+    base = new_base(tmp_path)
+    coord, (b,) = _job(base, parallelism=1)
+    b.value_state("v").update("k", 1)
+    a = coord.trigger_checkpoint().result()
+    b.value_state("v").update("k", "lost")  # never in a checkpoint: the job fails here
+    coord.abandon()
+    b.close()
+    coord2, (b2,) = _job(base, parallelism=1)  # restores A: a new log
+    b2.value_state("v").update("k", 2)
+    c = coord2.trigger_checkpoint().result()
+    assert [(x.op, x.value) for x in read_change_feed(a.metadata_url, c.metadata_url, "v")] \
+        == [("value_set", 2)]
+    coord2.shutdown()
