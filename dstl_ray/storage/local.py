@@ -1,5 +1,13 @@
-"""``file://``: local files, written as temp + fsync + rename (docs/architecture.md "Write
-path" 5)."""
+"""``file://``: local files, each written whole or not at all, durable on return
+(docs/architecture.md "Write path" 5).
+
+A new file is written as an unnamed inode in its directory, fsynced, linked under its name,
+and the directory fsynced (:mod:`dstl_ray.storage.unnamed`): as durable as temp + fsync +
+rename, without a temporary name. Replacing an existing file (the job lease's renewals)
+links the written inode under a temp name and renames it over the old one, so that name
+lives only between two metadata calls. Where unnamed files are not available, a named temp
+file is written, fsynced and renamed.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +18,34 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from ..errors import StorageError
+from . import unnamed
 from .base import COPY_CHUNK, _check_range, split_protocol
 
 
+def _temp_name(local: str) -> str:
+    return f"{local}.tmp-{uuid.uuid4().hex}"
+
+
+def _sync_dir(directory: str) -> None:
+    """Make a new name in ``directory`` durable (a link or rename changes the directory)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class LocalStorage:
-    """``file://``: temp file + fsync + rename, so a file exists whole or not at all."""
+    """``file://``: a file exists whole or not at all (see the module docstring)."""
 
     protocol = "file"
 
@@ -33,7 +64,7 @@ class LocalStorage:
 
     def write_from(self, path: str, local_path: str) -> None:
         """Copy the local file ``local_path`` to ``path`` without holding it in memory, as
-        :meth:`write_file` writes: a temp file, fsynced, renamed into place."""
+        :meth:`write_file` writes (see the module docstring)."""
         def fill(f: BinaryIO) -> None:
             with open(local_path, "rb") as src:
                 shutil.copyfileobj(src, f, COPY_CHUNK)
@@ -41,55 +72,92 @@ class LocalStorage:
         self._replace(path, fill, f" from {local_path}")
 
     def _replace(self, path: str, fill: Callable[[BinaryIO], object], what: str) -> None:
-        """Write ``path`` whole or not at all: ``fill`` writes a temp file, which is fsynced
-        and renamed into place, then the directory is fsynced."""
+        """Write ``path`` whole or not at all: ``fill`` writes an unnamed inode (or else a
+        temp file), which is fsynced and linked (renamed) into place, then the directory is
+        fsynced."""
         local = self._local(path)
         directory = os.path.dirname(local)
-        tmp = f"{local}.tmp-{uuid.uuid4().hex}"
+        tmp: str | None = None
         try:
             os.makedirs(directory, exist_ok=True)
-            with open(tmp, "wb") as f:
-                fill(f)
-                if self._fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, local)
+            if not self._write_unnamed(local, directory, fill):
+                tmp = _temp_name(local)
+                self._write_named(tmp, fill, self._fsync)
+                os.replace(tmp, local)
+                tmp = None
             if self._fsync:
-                fd = os.open(directory, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _sync_dir(directory)
         except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _unlink_quietly(tmp)
             raise StorageError(f"cannot write {path}{what}: {e}") from e
+
+    def _write_unnamed(self, local: str, directory: str,
+                       fill: Callable[[BinaryIO], object]) -> bool:
+        """Write ``local`` without a temp name (its data durable before it has a name);
+        False, with nothing written, where unnamed files are not available."""
+        fd = unnamed.open_unnamed(directory)
+        if fd is None:
+            return False
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                fill(f)
+            if self._fsync:
+                os.fsync(fd)
+            try:
+                return unnamed.link_unnamed(fd, local)
+            except FileExistsError:  # replace it: a temp name for the time of one rename
+                tmp = _temp_name(local)
+                if not unnamed.link_unnamed(fd, tmp):
+                    return False
+                try:
+                    os.replace(tmp, local)
+                except OSError:
+                    _unlink_quietly(tmp)
+                    raise
+                return True
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _write_named(tmp: str, fill: Callable[[BinaryIO], object], fsync: bool) -> None:
+        with open(tmp, "wb") as f:
+            fill(f)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
 
     def create_file(self, path: str, data: bytes) -> bool:
         """Write ``path`` only if it does not exist yet, atomically (a hard link of a
-        complete temp file fails if the name exists): False if someone else created it."""
+        complete, fsynced file fails if the name exists): False if someone else created it."""
         local = self._local(path)
-        tmp = f"{local}.tmp-{uuid.uuid4().hex}"
+        directory = os.path.dirname(local)
+        tmp: str | None = None
         try:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, local)
-            except FileExistsError:
-                return False
+            os.makedirs(directory, exist_ok=True)
+            fd = unnamed.open_unnamed(directory)
+            linked = False
+            if fd is not None:
+                try:
+                    unnamed.write_all(fd, data)
+                    os.fsync(fd)
+                    linked = unnamed.link_unnamed(fd, local)
+                except FileExistsError:
+                    return False
+                finally:
+                    os.close(fd)
+            if not linked:
+                tmp = _temp_name(local)
+                self._write_named(tmp, lambda f: f.write(data), True)
+                try:
+                    os.link(tmp, local)
+                except FileExistsError:
+                    return False
+            _sync_dir(directory)
             return True
         except OSError as e:
             raise StorageError(f"cannot create {path}: {e}") from e
         finally:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _unlink_quietly(tmp)
 
     def append_file(self, path: str, data: bytes) -> int:
         """Append ``data`` to ``path`` (created if missing), durable before returning;
@@ -107,11 +175,7 @@ class LocalStorage:
                     f.flush()
                     os.fsync(f.fileno())
             if created and self._fsync:
-                fd = os.open(directory, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _sync_dir(directory)
             return offset
         except OSError as e:
             raise StorageError(f"cannot append to {path}: {e}") from e

@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from dstl_ray.storage import unnamed
 from dstl_ray.storage.fsspec import FsspecStorage
 from dstl_ray.storage.local import LocalStorage
 from dstl_ray.storage.registry import get_storage
@@ -43,6 +44,19 @@ class TestFaultyLocalStorageWithoutFaults(StorageSuite):
     @pytest.fixture
     def storage(self):
         return FaultyStorage(LocalStorage(), FaultSpec())
+
+    @pytest.fixture
+    def base(self, tmp_path):
+        return f"file://{tmp_path}/store"
+
+
+class TestLocalStorageWithNamedTemps(StorageSuite):
+    """Where unnamed files cannot be linked, local files are written as named temp files."""
+
+    @pytest.fixture
+    def storage(self, monkeypatch):
+        monkeypatch.setattr(unnamed, "_ways", [])
+        return LocalStorage()
 
     @pytest.fixture
     def base(self, tmp_path):
