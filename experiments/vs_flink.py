@@ -39,6 +39,36 @@ NS = "vs-flink"
 KEYS = 10_000
 
 
+def file_kind(path: str) -> str:
+    """What a file the watcher saw under the dstl-ray side's base directory is, from its name:
+    ``changelog`` (``*.dstl``, hedged attempts' ``*-aN.dstl`` included), ``materialization``
+    (``mat/*.dstm``), ``metadata`` (``chk-n/_metadata``), ``lease`` (``{job}/_lease``),
+    ``temp:<kind>`` (a ``NAME.tmp-<uuid>`` of a temp + fsync + rename write of such a
+    file), or ``other``."""
+    name = os.path.basename(path)
+    stem, sep, _ = name.partition(".tmp-")
+    if sep:
+        return f"temp:{file_kind(stem)}"
+    if name.endswith(".dstl"):
+        return "changelog"
+    if name.endswith(".dstm"):
+        return "materialization"
+    if name == "_metadata":
+        return "metadata"
+    if name == "_lease":
+        return "lease"
+    return "other"
+
+
+def files_by_kind(paths: set[str], checkpoints: int) -> dict[str, float]:
+    """Files per checkpoint of each :func:`file_kind`."""
+    counts: dict[str, int] = {}
+    for p in paths:
+        k = file_kind(p)
+        counts[k] = counts.get(k, 0) + 1
+    return {k: counts[k] / max(1, checkpoints) for k in sorted(counts)}
+
+
 class Counter:
     """One operator subtask: a backend counting keys from a rate-limited generator thread."""
 
@@ -173,6 +203,9 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[s
                 # during the checkpoint loop (steady state: start-up and recovery excluded)
                 "changelog_files_per_checkpoint": len(steady_changelog) / max(1, n),
                 "files_per_checkpoint": len(steady) / max(1, n),
+                "files_per_checkpoint_by_kind": files_by_kind(steady, n),
+                "other_files_sample": sorted(os.path.relpath(f, base) for f in steady
+                                             if file_kind(f) == "other")[:20],
                 "changelog_bytes_per_checkpoint":
                     (total(st1, "bytes_flushed") - total(st0, "bytes_flushed")) / max(1, n),
                 "batch_triggers": {k: v - triggers(st0)[k] for k, v in triggers(st1).items()},

@@ -25,6 +25,29 @@ def rest(port: int, path: str):
     return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10))
 
 
+def file_kind(rel: str) -> str:
+    """What a file Flink created is, from its path relative to the base directory:
+    ``changelog`` (under ``dstl/``), ``metadata`` (``_metadata``), ``temp:<kind>`` (a
+    RecoverableWriter's ``.NAME.inprogress.<uuid>`` before its commit renames it), state
+    files of the checkpoint directory (``shared``, ``taskowned``, ``exclusive`` in
+    ``chk-n/``), or ``other``."""
+    parts = rel.split("/")
+    name = parts[-1]
+    if ".inprogress." in name:
+        target = name[1:].split(".inprogress.")[0] if name.startswith(".") else name
+        return "temp:" + file_kind("/".join([*parts[:-1], target]))
+    if parts[0] == "dstl":
+        return "changelog"
+    if name == "_metadata":
+        return "metadata"
+    for d in ("shared", "taskowned"):
+        if d in parts[:-1]:
+            return d
+    if any(p.startswith("chk-") for p in parts[:-1]):
+        return "exclusive"
+    return "other"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -106,6 +129,10 @@ def main() -> None:
     time.sleep(0.05)
     files = list(seen)
     dstl = [f for f in files if "/dstl/" in f]
+    kinds: dict[str, int] = {}
+    for f in files:
+        k = file_kind(os.path.relpath(f, base))
+        kinds[k] = kinds.get(k, 0) + 1
     completed = cps["counts"]["completed"]
     result = {
         "system": "flink", "version": "2.3.0", "taskmanagers": a.taskmanagers,
@@ -116,6 +143,8 @@ def main() -> None:
         "changelog_files_created": len(dstl), "files_created": len(files),
         "changelog_files_per_checkpoint": len(dstl) / max(1, completed),
         "files_per_checkpoint": len(files) / max(1, completed),
+        "files_per_checkpoint_by_kind": {
+            k: n / max(1, completed) for k, n in sorted(kinds.items())},
         "history_sample": [{k: h.get(k) for k in ("id", "end_to_end_duration",
                                                    "checkpointed_size", "status")}
                            for h in history[:20]],
