@@ -55,7 +55,7 @@ from .restore import (
     settle_files,
 )
 from .savepoint import start_savepoint
-from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
+from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot, delete_metadata
 
 __all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
     "DEFAULT_CHECKPOINT_TIMEOUT_S",
@@ -302,7 +302,7 @@ class CheckpointCoordinator:
             log.warning("not discarding checkpoint %d: %s", cc.checkpoint_id, e)
             return
         try:
-            get_storage(cc.metadata_url).delete(cc.metadata_url)
+            delete_metadata(cc.metadata_url)
         except DstlError as e:
             log.warning("cannot delete %s: %s", cc.metadata_url, e)
         self.registry.release(cc.checkpoint_id)
@@ -357,7 +357,7 @@ class CheckpointCoordinator:
                                                         **backend_options))
         chosen = plan.chosen
         for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
-            get_storage(c.metadata_url).delete(c.metadata_url)
+            delete_metadata(c.metadata_url)
         register_kept(plan, self.registry)  # before anyone can see (and drop) them retained
         with self._lock:
             if plan.claim and chosen is not None:

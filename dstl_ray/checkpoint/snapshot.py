@@ -194,6 +194,18 @@ def split_metadata_url(url: str) -> tuple[str, str]:
     return base, own_dir
 
 
+def delete_metadata(metadata_url: str) -> None:
+    """Delete a checkpoint's ``_metadata``, then its directory if nothing else is in it
+    (Flink disposes of a discarded checkpoint's exclusive directory too): on a file system
+    with directories, one empty ``chk-n`` per checkpoint would otherwise pile up forever,
+    and every listing of the job (orphan cleanup, the registry) walks them all."""
+    storage = get_storage(metadata_url)
+    storage.delete(metadata_url)
+    remove_dir = getattr(storage, "delete_dir", None)
+    if remove_dir is not None:
+        remove_dir(split_metadata_url(metadata_url)[1])
+
+
 @dataclass(frozen=True)
 class CheckpointMetadata:
     """Everything needed to restore a checkpoint or savepoint; stored as ``_metadata``."""

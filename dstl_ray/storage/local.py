@@ -11,6 +11,7 @@ file is written, fsynced and renamed.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import uuid
@@ -206,6 +207,18 @@ class LocalStorage:
             pass
         except OSError as e:
             raise StorageError(f"cannot delete {path}: {e}") from e
+
+    def delete_dir(self, path: str) -> None:
+        """Remove directory ``path`` if it is empty (a subsumed checkpoint's ``chk-n``);
+        a missing or non-empty directory is left as it is. Optional in the storage
+        contract: stores without directories (S3) have nothing to remove."""
+        try:
+            os.rmdir(self._local(path))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:
+                raise StorageError(f"cannot remove directory {path}: {e}") from e
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._local(path))

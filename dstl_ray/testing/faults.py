@@ -253,6 +253,11 @@ class FaultyStorage:
     def delete(self, path: str) -> None:
         self.inner.delete(path)
 
+    def delete_dir(self, path: str) -> None:
+        remove = getattr(self.inner, "delete_dir", None)
+        if remove is not None:
+            remove(path)
+
     def exists(self, path: str) -> bool:
         return self.inner.exists(path)
 

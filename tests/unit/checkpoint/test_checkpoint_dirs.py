@@ -1,0 +1,45 @@
+"""A subsumed checkpoint leaves no ``chk-n`` directory behind on file:// (Flink disposes of a
+discarded checkpoint's exclusive directory too): one empty directory per checkpoint piled up
+forever, and every listing of the job walked them all."""
+
+from __future__ import annotations
+
+import os
+
+import dstl_ray as d
+from dstl_ray.storage.local import LocalStorage
+
+from ..ckpt_util import MAXP, client
+
+JOB = "dirs"
+
+
+def _chk_dirs(tmp_path) -> list[str]:
+    return sorted(n for n in os.listdir(tmp_path / "dfs" / JOB) if n.startswith("chk-"))
+
+
+def test_subsumed_and_dropped_checkpoints_leave_no_directory(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    coord = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP, retained=2)
+    b = d.ChangelogKeyedStateBackend(client(JOB, base), "op", d.KeyGroupRange(0, MAXP - 1),
+                                     MAXP, materialization_interval=None)
+    for n in range(1, 6):
+        b.value_state("v").update("k", n)
+        coord.complete_checkpoint(n, [b.snapshot().result(timeout=30)])
+    assert _chk_dirs(tmp_path) == ["chk-4", "chk-5"]
+    assert coord.drop_checkpoints_from(5) == [5]
+    assert _chk_dirs(tmp_path) == ["chk-4"]
+    b.close()
+    coord.shutdown(cancel=True)  # RETAIN_ON_CANCELLATION: the newest stays
+    assert _chk_dirs(tmp_path) == ["chk-4"]
+
+
+def test_delete_dir_keeps_a_directory_that_is_not_empty(tmp_path):
+    st = LocalStorage()
+    st.write_file(f"file://{tmp_path}/chk-1/_metadata", b"m")
+    st.delete_dir(f"file://{tmp_path}/chk-1")  # someone wrote into it: it stays
+    assert os.listdir(tmp_path / "chk-1") == ["_metadata"]
+    st.delete(f"file://{tmp_path}/chk-1/_metadata")
+    st.delete_dir(f"file://{tmp_path}/chk-1")
+    st.delete_dir(f"file://{tmp_path}/chk-1")  # gone already: no error
+    assert not (tmp_path / "chk-1").exists()
