@@ -1,6 +1,7 @@
 """The dstl-ray side of ``experiments.vs_flink`` in CI size: 4 subtasks on 2 Ray nodes
-checkpointing every 200 ms write exactly ONE changelog file per checkpoint (issue target),
-every checkpoint completes, and the job restores from its latest checkpoint."""
+checkpointing every 200 ms write exactly ONE changelog file per checkpoint (issue target) and
+no file per checkpoint besides it and the ``_metadata``, every checkpoint completes, and the
+job restores from its latest checkpoint."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def test_vs_flink_dstl_side_one_file_per_checkpoint(tmp_path):
     d = run["dstl_ray"]
     assert d["checkpoints_completed"] >= 10
     assert d["changelog_files_per_checkpoint"] == 1.0, d["batch_triggers"]
+    # every file created per checkpoint is accounted for: one changelog file, one _metadata,
+    # and no temp names (file:// writes link an unnamed inode); the job lease, taken at the
+    # first checkpoint, is the only other file of a run this short (no materialization yet)
+    kinds = d["files_per_checkpoint_by_kind"]
+    assert kinds["changelog"] == kinds["metadata"] == 1.0, kinds
+    assert set(kinds) <= {"changelog", "metadata", "lease"}, (kinds, d["other_files_sample"])
     assert d["batch_triggers"]["delay"] == 0
     assert d["e2e_ms"]["n"] == d["checkpoints_completed"]
     assert 0 < d["recovery_s"] < 60
