@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dstl_ray.errors import StorageError
 from dstl_ray.storage import unnamed
 from dstl_ray.storage.local import LocalStorage
 
@@ -66,6 +67,22 @@ def test_create_file_never_has_a_temp_name(tmp_path: Path,
     assert not st.create_file(f"file://{tmp_path}/d/_lease", b"theirs")
     assert (tmp_path / "d" / "_lease").read_bytes() == b"mine"
     assert os.listdir(tmp_path / "d") == ["_lease"]
+
+
+@pytest.mark.usefixtures("needs_unnamed")
+def test_a_streamed_copy_never_has_a_temp_name(tmp_path: Path,
+                                               fsync_listings: list[list[str]]) -> None:
+    """write_from (an SST of a materialization, streamed in chunks) writes as write_file
+    does; a source that cannot be read leaves no file and no temp file."""
+    src = tmp_path / "src.sst"
+    src.write_bytes(os.urandom(3 << 20))
+    st = LocalStorage()
+    st.write_from(f"file://{tmp_path}/d/a.sst", str(src))
+    assert fsync_listings == [[], ["a.sst"]]
+    assert (tmp_path / "d" / "a.sst").read_bytes() == src.read_bytes()
+    with pytest.raises(StorageError, match="missing.sst"):
+        st.write_from(f"file://{tmp_path}/d/b.sst", str(tmp_path / "missing.sst"))
+    assert os.listdir(tmp_path / "d") == ["a.sst"]
 
 
 @pytest.mark.usefixtures("needs_unnamed")
