@@ -205,8 +205,14 @@ def run_spark_row(keys: int, rounds: int, work: str) -> dict[str, Any]:
     code = ("import json,sys; from experiments.large_state_spark import run_spark; "
             f"print('ROW', json.dumps(run_spark({keys}, {VALUE}, {rounds}, 0.01, "
             f"{PARALLELISM}, {work + '/spark'!r}, timeout_s=5400)))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=6 * 3600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=6 * 3600, cwd=os.path.dirname(os.path.dirname(__file__)))
+    finally:
+        # the Spark JVM is meant to exit with its Python process, but one was seen hanging
+        # on at half a core after the run (orphaned, in its shutdown): its command line
+        # names the run's directory
+        subprocess.run(["pkill", "-f", f"{work}/spark/"], check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("ROW "):
             return json.loads(line[4:])

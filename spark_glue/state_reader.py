@@ -6,7 +6,7 @@ changelog (:mod:`dstl_ray.state.change_feed`). The job need not run; nothing is 
 
 State columns: ``key, value`` for a value state; ``key, value`` (an array) for a list state;
 ``key, user_key, value`` for a map state, one row per entry. Change feed columns: ``key, op,
-user_key, value, log, sqn``.
+user_key, value, log, order, sqn`` (a key's changes sort by ``order, sqn``).
 """
 
 from __future__ import annotations
@@ -123,15 +123,17 @@ def read_change_feed(spark: Any, start: Any, end: Any, state: str, *,
     changes away."""
     s_url, op_s = checkpoint_url(start, namespace)
     e_url, op_e = checkpoint_url(end, namespace)
-    op = check_window(s_url, e_url, operator_id or op_e or op_s)  # errors on the driver
-    n = min(parallelism or spark.sparkContext.defaultParallelism,
-            load_checkpoint(e_url).metadata.max_parallelism)
+    op = check_window(s_url, e_url, operator_id or op_e or op_s, state)  # on the driver
+    n = parallelism or spark.sparkContext.defaultParallelism
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"parallelism must be an int >= 1, got {parallelism!r}")
+    n = min(n, load_checkpoint(e_url).metadata.max_parallelism)
 
     def part(index: int) -> Iterator[tuple[Any, ...]]:
         for c in _feed(s_url, e_url, state, op, n, index):
-            yield c.key, c.op, c.user_key, c.value, c.log, c.sqn
+            yield c.key, c.op, c.user_key, c.value, c.log, c.order, c.sqn
 
     rdd = spark.sparkContext.parallelize(range(n), n).flatMap(part)
-    return _frame(spark, rdd, ["key", "op", "user_key", "value", "log", "sqn"], schema,
-                  "key string, op string, user_key string, value string, log string, "
-                  "sqn long")
+    return _frame(spark, rdd, ["key", "op", "user_key", "value", "log", "order", "sqn"],
+                  schema, "key string, op string, user_key string, value string, log string, "
+                  "order int, sqn long")

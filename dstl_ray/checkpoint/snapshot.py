@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import HandleError
+from ..errors import HandleError, StorageError
 from ..format.incremental import RocksDBHandle
 from ..format.materialized import (
     SHARED_DIR,
@@ -37,6 +38,8 @@ from ..log.handle import StateChangelogHandle, check_relative_path, loads, non_n
 from ..state.incremental import read_changes
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
+
+log = logging.getLogger(__name__)
 
 METADATA_VERSION = 1
 METADATA_FILE = "_metadata"
@@ -203,7 +206,10 @@ def delete_metadata(metadata_url: str) -> None:
     storage.delete(metadata_url)
     remove_dir = getattr(storage, "delete_dir", None)
     if remove_dir is not None:
-        remove_dir(split_metadata_url(metadata_url)[1])
+        try:  # best effort: a directory left over costs a listing entry, not a checkpoint
+            remove_dir(split_metadata_url(metadata_url)[1])
+        except StorageError as e:
+            log.warning("cannot remove the directory of %s: %s", metadata_url, e)
 
 
 @dataclass(frozen=True)

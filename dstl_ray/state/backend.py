@@ -305,6 +305,8 @@ class ChangelogKeyedStateBackend:
         local RocksDB checkpoint (a flush and hard links) is taken; step 3 uploads. A
         database mostly not uploaded yet is compacted first (outside the lock)."""
         self._purge_expired(self._lock)
+        if self._closed:  # (a closed table would fail with a LocalStateError)
+            raise CheckpointError("backend closed during materialization")
         self._table.compact_before_upload(self._files.ssts.names())
         with self._lock:
             if self._closed:

@@ -4,12 +4,15 @@ record): every change one state went through after checkpoint ``start`` up to ch
 ``end``, per log in append (sqn) order.
 
 For each log ``end`` names, the changes after ``start``'s position in that log are read from
-``end``'s handle; a log that ``start`` does not name (begun by a restore after it) counts from
-its beginning. The feed exists only while ``end`` still holds those changes: once a
+``end``'s handle; a log that ``start`` does not name (begun by a restore after it, or empty at
+``start``: snapshots leave empty logs out) counts from its beginning, so it must never have
+been truncated. The feed exists only while ``end`` still holds those changes: once a
 materialization between the two checkpoints truncated a log past ``start``'s position (FLIP-158
-"Materializing state changes"), or a log of ``start`` was dropped, the changes in between are
-gone and reading fails with a :class:`~dstl_ray.errors.StateError` that says so. Keep
-materialization less frequent than the window you read, or read windows as they complete.
+"Materializing state changes"), or a log of ``start`` was dropped, the changes in between may
+be gone and reading fails with a :class:`~dstl_ray.errors.StateError` that says so (also when
+in fact nothing changed in between: the checkpoints cannot tell). Keep materialization less
+frequent than the window you read, or read windows as they complete. Both checkpoints must be
+of one job (savepoints hold no changelog).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ..checkpoint.recovery import CompletedCheckpoint, load_checkpoint
 from ..checkpoint.snapshot import ChangelogComponent
 from ..errors import StateError
 from ..keygroups import KeyGroupRange, key_group_range_for_subtask
-from .reader import resolve_checkpoint, the_operator
+from .reader import operator_states, resolve_checkpoint, the_operator
 from .records import Op, StateKind, TaggedSerializer, decode_record, split_items
 from .ttl import spec_ttl, unstamp
 
@@ -34,60 +37,92 @@ class Change:
     """One state change: ``op`` is one of value_set, value_clear, list_add, list_set,
     list_clear, map_put, map_remove, map_clear; ``value`` is the new value (value_set,
     list_add, map_put), the whole list (list_set) or None; ``user_key`` is set for map_put
-    and map_remove. ``log`` and ``sqn`` order the changes of one key."""
+    and map_remove. The changes of one key sort by ``(order, sqn)``: ``order`` ranks the
+    logs of the key's subtask (a log restored from before a restart comes before the log
+    written since), ``sqn`` the changes within a log. Entries that a state TTL expired are
+    not changes (the purge is not logged)."""
 
     key: Any
     op: str
     user_key: Any
     value: Any
     log: str
+    order: int
     sqn: int
 
 
-def _logs(cc: CompletedCheckpoint, op: str) -> dict[str, list[ChangelogComponent]]:
-    out: dict[str, list[ChangelogComponent]] = {}
+def _logs(cc: CompletedCheckpoint, op: str) -> dict[str, int]:
+    """Log id -> the last sqn ``cc`` names of it, over the snapshots of ``op``."""
+    out: dict[str, int] = {}
     for s in cc.metadata.snapshots:
         if s.operator_id == op:
             for c in s.components:
                 if isinstance(c, ChangelogComponent):
-                    out.setdefault(c.handle.log_id, []).append(c)
+                    out[c.handle.log_id] = max(out.get(c.handle.log_id, 0), c.handle.sqn_to)
     return out
 
 
-def _window(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str
-            ) -> list[tuple[ChangelogComponent, int]]:
-    """The changelog components of ``end`` to read, each with the sqn after which its
-    changes are new; fails if any change in between is no longer held."""
+def _check_pair(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str) -> None:
+    for cc in (start, end):
+        if cc.metadata.kind != "checkpoint":
+            raise StateError(f"{cc.metadata_url} is a {cc.metadata.kind}: the change feed "
+                             f"runs between two checkpoints of one job (a savepoint holds no "
+                             f"changelog)")
+    if start.metadata.job_id != end.metadata.job_id:
+        raise StateError(f"the change feed runs within one job: {start.metadata_url} is of "
+                         f"job {start.metadata.job_id!r}, {end.metadata_url} of "
+                         f"{end.metadata.job_id!r}")
     if start.checkpoint_id >= end.checkpoint_id:
         raise StateError(f"the change feed runs from an earlier checkpoint to a later one, "
                          f"got {start.checkpoint_id} to {end.checkpoint_id}")
+    for cc in (start, end):
+        if not any(s.operator_id == op for s in cc.metadata.snapshots):
+            raise StateError(f"checkpoint {cc.metadata_url} has no operator {op!r}")
+
+
+def _window(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str
+            ) -> list[tuple[ChangelogComponent, int, int]]:
+    """The changelog components of ``end`` to read, each with the sqn after which its
+    changes are new and its rank among its snapshot's components; fails if any change in
+    between is no longer held."""
+    _check_pair(start, end, op)
     before, after = _logs(start, op), _logs(end, op)
-    for log in before.keys() - after.keys():
-        if any(c.handle.sqn_to > c.handle.sqn_from for c in before[log]):
-            raise StateError(f"log {log} of checkpoint {start.checkpoint_id} is not named by "
-                             f"checkpoint {end.checkpoint_id} (materialized or restored "
-                             f"away): the changes between them are gone")
+    missing = sorted(before.keys() - after.keys())
+    if missing:
+        raise StateError(f"log {missing[0]} of checkpoint {start.checkpoint_id} is not named "
+                         f"by checkpoint {end.checkpoint_id} (materialized or restored away): "
+                         f"the changes between them are gone")
     out = []
-    for log, comps in after.items():
-        seen = max((c.handle.sqn_to for c in before.get(log, ())), default=None)
-        for c in comps:
-            since = c.handle.sqn_from if seen is None else seen
+    for s in end.metadata.snapshots:
+        if s.operator_id != op:
+            continue
+        for rank, c in enumerate(s.components):
+            if not isinstance(c, ChangelogComponent):
+                continue
+            log = c.handle.log_id
+            # a log that start does not name: begun after it, so from its first change on
+            # (a snapshot leaves out an empty log: one truncated since is not known whole)
+            since = before.get(log, 0)
             if since < c.handle.sqn_from:
                 raise StateError(
-                    f"log {log} was truncated at sqn {c.handle.sqn_from} by a materialization "
-                    f"after checkpoint {start.checkpoint_id} (which ends at sqn {since}): "
+                    f"log {log} was truncated at sqn {c.handle.sqn_from} by a materialization, "
+                    f"and checkpoint {start.checkpoint_id} names it only up to sqn {since}: "
                     f"the changes between checkpoints {start.checkpoint_id} and "
                     f"{end.checkpoint_id} are no longer held")
-            out.append((c, since))
+            out.append((c, since, rank))
     return out
 
 
-def check_window(start: str, end: str, operator_id: str | None = None) -> str:
+def check_window(start: str, end: str, operator_id: str | None = None,
+                 state: str | None = None) -> str:
     """Fail as :func:`read_change_feed` would if the changes between checkpoints ``start``
-    and ``end`` are not all held; returns the operator id read."""
+    and ``end`` are not all held (or ``state`` is unknown); returns the operator id read."""
     cs, ce = load_checkpoint(resolve_checkpoint(start)), load_checkpoint(resolve_checkpoint(end))
     op = the_operator(ce, operator_id)
     _window(cs, ce, op)
+    if state is not None and state not in operator_states(ce, op):
+        raise StateError(f"operator {op!r} in {ce.metadata_url} has no state {state!r} "
+                         f"(it has {sorted(operator_states(ce, op))})")
     return op
 
 
@@ -98,9 +133,12 @@ def read_change_feed(start: str, end: str, state: str, operator_id: str | None =
     range ``index`` of ``parts``."""
     cs, ce = load_checkpoint(resolve_checkpoint(start)), load_checkpoint(resolve_checkpoint(end))
     op = the_operator(ce, operator_id)
+    if state not in operator_states(ce, op):
+        raise StateError(f"operator {op!r} in {ce.metadata_url} has no state {state!r} "
+                         f"(it has {sorted(operator_states(ce, op))})")
     mine = key_group_range_for_subtask(ce.metadata.max_parallelism, parts, index)
     de = TaggedSerializer().deserialize
-    for comp, since in _window(cs, ce, op):
+    for comp, since, rank in _window(cs, ce, op):
         names = [spec[0] for spec in comp.states]
         if state not in names:
             continue
@@ -110,11 +148,11 @@ def read_change_feed(start: str, end: str, state: str, operator_id: str | None =
         want = comp.key_group_range.intersect(mine)
         if want is None:
             continue
-        yield from _changes(comp, since, want, sid, kinds, stamped, de)
+        yield from _changes(comp, since, rank, want, sid, kinds, stamped, de)
 
 
-def _changes(comp: ChangelogComponent, since: int, want: KeyGroupRange, sid: int,
-             kinds: list[StateKind], stamped: bool, de: Any) -> Iterator[Change]:
+def _changes(comp: ChangelogComponent, since: int, rank: int, want: KeyGroupRange,
+             sid: int, kinds: list[StateKind], stamped: bool, de: Any) -> Iterator[Change]:
     strip = unstamp if stamped else (lambda b: b)
     seen: set[tuple[int, int]] = set()  # a changeset may be stored twice (merged files)
     sets = [(kg, sqn, recs) for kg, sqn, recs in comp.handle.iter_changesets()
@@ -133,4 +171,4 @@ def _changes(comp: ChangelogComponent, since: int, want: KeyGroupRange, sid: int
             elif op == Op.LIST_SET:
                 value = [de(strip(x)) for x in split_items(payload)]
             yield Change(de(key), _OP_NAMES[Op(op)], None if ukey is None else de(ukey),
-                         value, comp.handle.log_id, sqn)
+                         value, comp.handle.log_id, rank, sqn)

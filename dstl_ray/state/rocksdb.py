@@ -60,6 +60,7 @@ from .rocksdb_local import (
     WORKDIR_PREFIX,
     Closed,
     Io,
+    copy_batches,
     open_db,
     sweep_stale,
     worth_compacting,
@@ -83,6 +84,8 @@ class RocksDBStateTable:
         self.key_groups = key_groups
         self._kinds: list[StateKind] = []
         self._guard = threading.Lock()  # views are made and read under it; close takes it
+        self._idle = threading.Condition()  # close waits until no compaction runs
+        self._compacting = 0
         self._views: weakref.WeakSet[ViewDb] = weakref.WeakSet()
         # set by close() only: _db is also a Closed while a restore swaps the database
         # (and stays one if the swap failed), and the directory must go all the same
@@ -297,12 +300,22 @@ class RocksDBStateTable:
         return ckpt
 
     def compact_before_upload(self, uploaded: Collection[str]) -> bool:
-        """A full compaction if :func:`worth_compacting` (RocksDB's manual compaction does
-        not hold the GIL: state access goes on; views and close wait for it)."""
+        """A full compaction if :func:`worth_compacting`. RocksDB's manual compaction holds
+        neither the GIL nor ``_guard`` (a savepoint's view, taken under the backend's lock,
+        must not wait for it): state access and views go on; only close waits for it."""
         with self._guard, Io(self.path, "compacting"):
             if not worth_compacting(self._db, uploaded):
                 return False
-            self._db.compact_range(None, None)
+            db = self._db
+            with self._idle:
+                self._compacting += 1
+        try:
+            with Io(self.path, "compacting"):
+                db.compact_range(None, None)
+        finally:
+            with self._idle:
+                self._compacting -= 1
+                self._idle.notify_all()
         return True
 
     def _empty(self) -> bool:
@@ -352,26 +365,9 @@ class RocksDBStateTable:
         return {f.name: f for f in handle.ssts}
 
     def _copy_from(self, path: str, key_groups: KeyGroupRange, sid_map: list[int]) -> None:
-        try:
-            src = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only())
-        except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
-            raise FormatError(f"the RocksDB files of the handle do not open: {e}") from e
-        try:
-            for kg in key_groups:
-                wb, n = WriteBatch(raw_mode=True), 0
-                with self._read:
-                    for k, v in scan(src, kg.to_bytes(2, "big")):
-                        sid = sid_map[int.from_bytes(k[2:4], "big")]
-                        wb.put(kg_prefix(kg, sid) + k[4:], v)
-                        n += 1
-                if n:
-                    with self._write:
-                        self._db.write(wb)
-        except IndexError:
-            raise FormatError("the restored RocksDB holds a state id its handle does not "
-                              "list") from None
-        finally:
-            src.close()
+        for wb in copy_batches(path, key_groups, sid_map):
+            with self._write:
+                self._db.write(wb)
 
     def view(self) -> TableView:
         """A RocksDB checkpoint of the table (hard links to its SST files, after a flush of
@@ -399,6 +395,9 @@ class RocksDBStateTable:
                 return
             self._closed = True
             db, self._db = self._db, Closed(self.path)
+            with self._idle:  # (no compaction starts on a Closed)
+                while self._compacting:
+                    self._idle.wait()
             try:
                 for v in list(self._views):
                     v.close()

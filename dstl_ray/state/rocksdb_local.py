@@ -14,20 +14,24 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from rocksdict import (
+    AccessType,
     BlockBasedOptions,
     DbClosedError,
     DBCompactionStyle,
     Options,
     Rdict,
     UniversalCompactOptions,
+    WriteBatch,
     WriteOptions,
 )
 
-from ..errors import LocalStateError
+from ..errors import FormatError, LocalStateError
+from ..keygroups import KeyGroupRange
+from .rocksdb_keys import kg_prefix, scan
 
 WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
 SST_TARGET = 32 << 20
@@ -151,3 +155,29 @@ def open_db(path: str, where: str) -> Any:
         wo.disable_wal = True
         db.set_write_options(wo)
     return db
+
+
+def copy_batches(path: str, key_groups: KeyGroupRange, sid_map: list[int]
+                 ) -> Iterator[Any]:
+    """The entries of the RocksDB in ``path`` (a restored handle's files), one write batch
+    per key group of ``key_groups``, state ids translated by ``sid_map``: a rescale that
+    merges subtasks copies them into the table's database."""
+    try:
+        src = Rdict(path, Options(raw_mode=True), access_type=AccessType.read_only())
+    except Exception as e:  # noqa: BLE001 - rocksdict raises plain Exception
+        raise FormatError(f"the RocksDB files of the handle do not open: {e}") from e
+    try:
+        for kg in key_groups:
+            wb, n = WriteBatch(raw_mode=True), 0
+            with Io(path, "read"):
+                for k, v in scan(src, kg.to_bytes(2, "big")):
+                    sid = sid_map[int.from_bytes(k[2:4], "big")]
+                    wb.put(kg_prefix(kg, sid) + k[4:], v)
+                    n += 1
+            if n:
+                yield wb
+    except IndexError:
+        raise FormatError("the restored RocksDB holds a state id its handle does not "
+                          "list") from None
+    finally:
+        src.close()

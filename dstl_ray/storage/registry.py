@@ -1,8 +1,9 @@
 """Storage over fsspec URLs.
 
-``file://`` (the default) writes through a temp file, fsync and rename, so a reader never
-sees a half-written file; ``memory://`` is for unit tests in one process; ``s3://`` goes
-through s3fs as one put (multipart only when large). Paths are full URLs; storages are cached
+``file://`` (the default) writes each file whole and durable (an unnamed inode, fsync, link,
+directory fsync; :mod:`dstl_ray.storage.local`), so a reader never sees a half-written file;
+``memory://`` is for unit tests in one process; ``s3://`` goes through s3fs as one put
+(multipart only when large). Paths are full URLs; storages are cached
 per (protocol, options) in each process.
 
 S3 options (:func:`s3_options`): endpoint and credentials come from the config

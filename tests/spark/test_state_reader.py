@@ -52,8 +52,8 @@ def test_read_state_equals_the_operators_state_and_a_recomputation(spark, tree_f
         read_state(spark, op, "nope")
 
     feed = read_change_feed(spark, start, op, "count", parallelism=3)
-    assert feed.columns == ["key", "op", "user_key", "value", "log", "sqn"]
-    rows = sorted(feed.collect(), key=lambda r: (r["log"], r["sqn"]))
+    assert feed.columns == ["key", "op", "user_key", "value", "log", "order", "sqn"]
+    rows = sorted(feed.collect(), key=lambda r: (r["order"], r["sqn"]))
     new_keys = {json.loads(line)["user"] for f in ("f0003.json", "f0004.json")
                 for line in (src / f).read_text().splitlines()}
     assert {r["key"] for r in rows} == new_keys

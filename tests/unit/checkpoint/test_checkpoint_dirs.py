@@ -43,3 +43,20 @@ def test_delete_dir_keeps_a_directory_that_is_not_empty(tmp_path):
     st.delete_dir(f"file://{tmp_path}/chk-1")
     st.delete_dir(f"file://{tmp_path}/chk-1")  # gone already: no error
     assert not (tmp_path / "chk-1").exists()
+
+
+def test_a_directory_that_cannot_be_removed_fails_nothing(tmp_path, monkeypatch):
+    """Removing the directory is best effort: its failure neither fails a subsumption nor
+    keeps the metadata."""
+    from dstl_ray.checkpoint.snapshot import delete_metadata
+    from dstl_ray.errors import StorageError
+
+    def refuse(self, path):
+        raise StorageError(f"cannot remove directory {path}: Device or resource busy")
+
+    monkeypatch.setattr(LocalStorage, "delete_dir", refuse)
+    chk = tmp_path / "job" / "chk-1"
+    chk.mkdir(parents=True)
+    (chk / "_metadata").write_text("{}")
+    delete_metadata(f"file://{chk}/_metadata")
+    assert os.listdir(chk) == []

@@ -116,3 +116,64 @@ def test_a_log_begun_by_a_restore_after_a_counts_from_its_beginning(tmp_path):
     assert [(x.op, x.value) for x in read_change_feed(a.metadata_url, c.metadata_url, "v")] \
         == [("value_set", 2)]
     coord2.shutdown()
+
+
+def test_a_log_empty_at_a_and_truncated_since_is_not_read_from_its_truncation(tmp_path):
+    """A snapshot leaves an empty log out: a subtask quiet at A, then changed and
+    materialized before B, must not give a feed that starts at the materialization (the
+    changes before it are gone): an error says so."""
+    base = new_base(tmp_path)
+    coord, (b,) = _job(base, parallelism=1)
+    v = b.value_state("v")
+    v.update("k", 1)
+    b.materialize().result(timeout=60)
+    a = coord.trigger_checkpoint().result()  # nothing since the materialization
+    v.update("k", 2)  # only in the log until the next materialization ...
+    b.materialize().result(timeout=60)
+    v.update("k", 3)
+    c = coord.trigger_checkpoint().result()
+    with pytest.raises(StateError, match="truncated at sqn"):
+        list(read_change_feed(a.metadata_url, c.metadata_url, "v"))
+    coord.shutdown()
+
+
+def test_changes_across_a_restore_sort_by_order_then_sqn(tmp_path):
+    base = new_base(tmp_path)
+    coord, (b,) = _job(base, parallelism=1)
+    a = coord.trigger_checkpoint().result()
+    for i in range(5):
+        b.value_state("v").update("k", i)
+    coord.trigger_checkpoint().result()
+    coord.abandon()
+    b.close()
+    coord2, (b2,) = _job(base, parallelism=1)  # the old log stays in its snapshots
+    for i in range(5, 7):
+        b2.value_state("v").update("k", i)
+    c = coord2.trigger_checkpoint().result()
+    got = list(read_change_feed(a.metadata_url, c.metadata_url, "v"))
+    assert len({x.log for x in got}) == 2
+    assert [x.value for x in sorted(got, key=lambda x: (x.order, x.sqn))] == list(range(7))
+    coord2.shutdown()
+
+
+def test_savepoints_other_jobs_and_unknown_states_are_refused(tmp_path):
+    base = new_base(tmp_path)
+    coord, (b,) = _job(base, parallelism=1)
+    b.value_state("v").update("k", 1)
+    a = coord.trigger_checkpoint().result()
+    sp = coord.trigger_savepoint().result()
+    b.value_state("v").update("k", 2)
+    c = coord.trigger_checkpoint().result()
+    with pytest.raises(StateError, match="is a savepoint"):
+        list(read_change_feed(sp.metadata_url, c.metadata_url, "v"))
+    with pytest.raises(StateError, match=r"no state 'nope'.*\['v'\]"):
+        list(read_change_feed(a.metadata_url, c.metadata_url, "nope"))
+    other = d.CheckpointCoordinator("other", base, max_parallelism=MAXP, retained=5)
+    (o,) = other.restore(client("other", base), "op", 1, materialization_interval=None)
+    o.value_state("v").update("k", 9)
+    for _ in range(3):
+        oc = other.trigger_checkpoint().result()
+    with pytest.raises(StateError, match="within one job"):
+        list(read_change_feed(a.metadata_url, oc.metadata_url, "v"))
+    other.shutdown()
+    coord.shutdown()

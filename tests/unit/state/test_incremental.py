@@ -354,3 +354,32 @@ def test_bundle_garbage_raises_format_error(data):
 def test_a_bundle_cannot_smuggle_a_path():
     with pytest.raises(FormatError, match="named"):
         decode_bundle(encode_bundle([("../../CURRENT", b"x")]), "x")
+
+
+def test_a_compaction_before_upload_blocks_neither_views_nor_state_access(tmp_path):
+    """A savepoint takes its view under the backend's lock: waiting there for a full
+    compaction would stall every state access. Views and writes go on while it runs; close
+    waits for it."""
+    t = RocksDBStateTable(FULL, str(tmp_path))
+    t.add_state(d.StateKind.VALUE)
+    for part in range(4):
+        wb_keys = range(part, 400_000, 4)
+        for i in wb_keys:
+            t.set_value(0, i % MAXP, b"k%09d" % i, b"v" * 100)
+        t._db.flush()
+    done: list[float] = []
+    th = threading.Thread(target=lambda: (t.compact_before_upload(set()),
+                                          done.append(time.perf_counter())))
+    th.start()
+    deadline = time.perf_counter() + 10
+    while not t._compacting and not done and time.perf_counter() < deadline:
+        time.sleep(0.001)
+    assert t._compacting, "the compaction did not start (or ended too fast to test)"
+    view = t.view()
+    t.set_value(0, 1, b"during", b"x")
+    seen = time.perf_counter()
+    th.join()
+    assert seen < done[0]  # the view and the write did not wait for the compaction
+    assert sum(len(view[0][kg]) for kg in view[0]) == 400_000
+    t.close()
+    assert not os.path.exists(t.path)
