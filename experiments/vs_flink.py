@@ -98,6 +98,12 @@ class Counter:
         count_at_rate(self.b.value_state("count"), self.keys, self.rng, self.rate, self.stop,
                       self.mailbox, batch=100)
 
+    def spans(self) -> list[dict[str, Any]]:
+        """The writer's finished spans (the tree's ``tracing=memory``)."""
+        from dstl_ray.observability import tracing
+
+        return tracing.finished_spans()
+
     def snapshot(self, checkpoint_id: int = -1) -> dict[str, Any]:
         """The checkpoint barrier: take the snapshot between two generator chunks, wait until
         its changelog is durable; the stage times go back with it for the profile."""
@@ -113,7 +119,29 @@ class Counter:
                 "actor_ms": (time.perf_counter() - t0) * 1000}
 
 
-def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[str, Any]:
+def trace_stages(actors: list[Any], tree: Any) -> dict[str, Any]:
+    """Per-stage p50 of the checkpoints' persist path, from the spans of the writers and
+    the node actors (:func:`dstl_ray.observability.trace_view.stage_breakdown`)."""
+    import ray
+
+    from dstl_ray.observability.trace_view import stage_breakdown
+
+    spans = [s for part in ray.get([a.spans.remote() for a in actors]) for s in part]
+    for st in tree.status():
+        node = ray.get_actor(st["name"], namespace=NS)
+        spans.extend(ray.get(node.spans.remote()))
+    rows = stage_breakdown(spans)
+    keys = ("send", "tree", "batch", "put", "reply", "total")
+    return {"flushes": len(rows), "spans": len(spans),
+            "stages_ms_p50": {k: summary([r[k] for r in rows])["p50"] for k in keys}
+            if rows else {},
+            "stages_ms_p90": {k: summary([r[k] for r in rows])["p90"] for k in keys}
+            if rows else {},
+            "levels": max((r["levels"] for r in rows), default=0)}
+
+
+def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
+              traced: bool = False) -> dict[str, Any]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -126,7 +154,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[s
     base = work / f"dstl-{nodes}"
     cluster = start_local_cluster(nodes, 2, NS)
     try:
-        tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS), detached=False)
+        tree = deploy(f"file://{base}", ChangelogConfig(
+            namespace=NS, tracing="memory" if traced else "off"), detached=False)
         node_ids = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         actor = ray.remote(num_cpus=0, max_concurrency=4)(Counter)
 
@@ -170,6 +199,9 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path) -> dict[s
                 time.sleep(max(0.0, interval - (time.time() - t0)))
             steady, st1 = files.names() - before, tree.status()
             profile = {k: list(v) for k, v in stages.items()}
+            if traced:  # a run of its own: tracing costs time on the path it measures
+                return {"nodes": nodes, "checkpoints_completed": len(durations),
+                        "e2e_ms": summary(durations), **trace_stages(actors, tree)}
             latest = coord.latest_checkpoint().metadata_url
             for a in actors:  # kill the job
                 ray.kill(a)
@@ -264,6 +296,8 @@ def main() -> None:
     try:
         for n in counts:
             d = dstl_side(n, seconds, 0.2, work)
+            # where the persist time goes, from spans, in a shorter traced run
+            d["trace"] = dstl_side(n, max(5.0, seconds / 3), 0.2, work, traced=True)
             print(f"[vs_flink] dstl-ray {n} nodes: {json.dumps(d)}", flush=True)
             f = None if args.no_flink else flink_side(n, seconds, 0.2, work)
             if f:

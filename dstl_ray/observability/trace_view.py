@@ -60,6 +60,36 @@ def hops(spans: list[dict[str, Any]], put: dict[str, Any]) -> dict[tuple[str, st
     return dict(out)
 
 
+def stage_breakdown(spans: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Where one flush's time went, per flush, along its slowest persist request: ``send``
+    (the writer's persist call to the first node actor taking it: the writer's work, its
+    sender thread, the Ray call), ``tree`` (node to node, each level's batching included),
+    ``batch`` (at the flushing node, until the put starts: waiting for the other sources,
+    and the hand-off to the flush thread), ``put`` (the DFS write, fsynced), and ``reply``
+    (from the put's end until the writer's persist completed: answers down the tree, the
+    Ray reply, the delivery thread). ms; one dict per flush, in time order."""
+    out = []
+    for put in flushes(spans):
+        best: dict[str, float] | None = None
+        for path in request_paths(spans, put):
+            w = next((s for s in path if s["name"] == "dstl.writer.persist"), None)
+            nodes = [s for s in path if s["name"] == "dstl.node"]
+            if w is None or not nodes or w["end_ns"] is None:
+                continue
+            row = {"send": (nodes[0]["start_ns"] - w["start_ns"]) / 1e6,
+                   "tree": (nodes[-1]["start_ns"] - nodes[0]["start_ns"]) / 1e6,
+                   "batch": (put["start_ns"] - nodes[-1]["start_ns"]) / 1e6,
+                   "put": (put["end_ns"] - put["start_ns"]) / 1e6,
+                   "reply": (w["end_ns"] - put["end_ns"]) / 1e6,
+                   "total": (w["end_ns"] - w["start_ns"]) / 1e6,
+                   "levels": float(len(nodes))}
+            if best is None or row["total"] > best["total"]:
+                best = row
+        if best is not None:
+            out.append(best)
+    return out
+
+
 def draw(spans: list[dict[str, Any]], index: int, out_png: str) -> dict[str, Any]:
     """Draw flush number ``index`` (negative counts from the end) as a PNG; returns a
     summary of the picture."""

@@ -6,7 +6,7 @@ import os
 
 import ray
 
-from dstl_ray.observability.trace_view import draw, hops, request_paths
+from dstl_ray.observability.trace_view import draw, hops, request_paths, stage_breakdown
 from experiments.workload import place_writers
 from topology.tree import build_tree, path_to_root
 
@@ -53,6 +53,14 @@ def test_spans_follow_the_tree_and_routing_skips_hops(tree_factory, namespace, t
     assert set(node_of_actor) >= {a for a, _ in hops(spans, puts[0])}
     summary = draw(spans, 0, str(tmp_path / "path.png"))
     assert os.path.getsize(tmp_path / "path.png") > 1000 and summary["flush_node"] == tree.root
+    # the stages of each flush's slowest request add up to its persist call
+    stages = stage_breakdown(spans)
+    assert len(stages) == 2
+    for st in stages:
+        parts = [st[k] for k in ("send", "tree", "batch", "put", "reply")]
+        assert all(x >= 0 for x in parts), st
+        assert abs(sum(parts) - st["total"]) < 0.01, st
+    assert 1 <= stages[0]["levels"] <= max(len(path_to_root(shape, n)) for n in order)
 
 
 def test_metrics_count_requests_bytes_and_errors(tree_factory, namespace, tmp_path):

@@ -20,5 +20,6 @@ def test_demo_short_run(tmp_path):
     assert "[demo] OK" in proc.stdout
     summary = json.loads((base / "summary.json").read_text())
     assert summary["state_matches_recomputation"] is True
+    assert summary["state_reader_rows"] >= 3 * summary["users"] > 0  # count, sum, hist
     assert summary["batches"] >= 2 and summary["killed"] and summary["recovery_s"] is not None
     assert (base / "checkpoint_latency.png").stat().st_size > 1000
