@@ -151,7 +151,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
 
     from .vs_spark_state_store import FileWatcher
 
-    base = work / f"dstl-{nodes}"
+    base = work / f"dstl-{nodes}{'-traced' if traced else ''}"
     cluster = start_local_cluster(nodes, 2, NS)
     try:
         tree = deploy(f"file://{base}", ChangelogConfig(
