@@ -16,12 +16,21 @@ Uses the real tree-building (``topology.tree.build_tree``) and forward-or-flush 
 Modes: ``tree`` (branching b), ``per-node`` (every node flushes its own batch), ``direct``
 (every writer writes its own file). Reports files per checkpoint, hops to the flushing node,
 and checkpoint latency p50/p99 (the slowest writer of each checkpoint).
+
+A second model, ``measured``, takes its costs from the stage breakdown of ``make compare``
+(``experiments/results/vs_flink.json``, the traced runs on this machine, ``file://``): the
+writer's send to its node, a hop between node actors, the fsynced put and the reply, each
+drawn around its measured p50 (uniform in [0.5, 1.5] x). It shows what the tree's hops would
+cost at 100 and 1,000 nodes if each cost what it costs here.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
+import os
 import random
+from dataclasses import dataclass
 
 from topology.routing import should_flush
 from topology.tree import build_tree
@@ -47,11 +56,54 @@ def hop(size: int) -> float:
     return 0.5 + size / 1e9 * 1000
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Per-stage p50 (ms) from the traced vs_flink runs."""
+
+    send: float  # writer -> its node actor
+    hop: float  # node actor -> parent node actor (one level, its batching included)
+    put: float  # the fsynced file write
+    reply: float  # put done -> writer's persist done, at one level
+    reply_hop: float  # each further level on the way back
+
+    @classmethod
+    def load(cls, path: str) -> Measured | None:
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            data = json.load(f)
+        runs = {r["nodes"]: r["dstl_ray"].get("trace", {}).get("stages_ms_p50")
+                for r in data["runs"]}
+        one, two = runs.get(1), runs.get(2)
+        if not one or not two:
+            return None
+        return cls(send=one["send"], hop=max(0.1, two["tree"]), put=one["put"],
+                   reply=one["reply"], reply_hop=max(0.0, two["reply"] - one["reply"])
+                   or two["tree"])
+
+
 def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mode: str,
-             rng: random.Random, delay_ms: float = 10.0) -> tuple[int, float, int]:
-    """One checkpoint: (files, latency ms, max hops)."""
+             rng: random.Random, delay_ms: float = 10.0, m: Measured | None = None
+             ) -> tuple[int, float, int]:
+    """One checkpoint: (files, latency ms, max hops); with ``m``, the measured costs."""
+    def jit(x: float) -> float:
+        return x * rng.uniform(0.5, 1.5)
+
+    def arrive() -> float:
+        return jit(m.send) if m else rng.uniform(0, 5)
+
+    def put(size: int) -> float:
+        return jit(m.put) + size / 500e6 * 1000 if m else dfs_latency(rng, size)
+
+    def up(size: int) -> float:
+        return jit(m.hop) + size / 1e9 * 1000 if m else hop(size)
+
+    def down() -> float:
+        return jit(m.reply_hop) if m else hop(64 * writers)
+
     if mode == "direct":
-        lat = max(rng.uniform(0, 5) + dfs_latency(rng, per_writer) for _ in range(n * writers))
+        lat = max(arrive() + put(per_writer) + (jit(m.reply) if m else 0)
+                  for _ in range(n * writers))
         return n * writers, lat, 0
     order = [f"n{i}" for i in range(n)]
     tree = build_tree(order, b if mode == "tree" else n)
@@ -64,7 +116,7 @@ def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mo
     files = 0
     for name in reversed(order):
         pos = tree[name]
-        own = [rng.uniform(0, 5) for _ in range(writers)]
+        own = [arrive() for _ in range(writers)]
         arrivals = own + [t for t, _, _ in incoming[name]]
         first = min(arrivals)
         deadline = first + delay_ms * (1 + pos.height)
@@ -73,10 +125,10 @@ def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mo
         has_parent = pos.parent is not None and mode == "tree"
         if should_flush(has_parent, size[name], flush_bytes):
             files += 1
-            flushed_at[name] = ready[name] + dfs_latency(rng, size[name])
+            flushed_at[name] = ready[name] + put(size[name])
             route[name] = name
         else:
-            incoming[pos.parent].append((ready[name] + hop(size[name]), size[name], name))
+            incoming[pos.parent].append((ready[name] + up(size[name]), size[name], name))
     latency = 0.0
     max_hops = 0
     for name in order:  # top-down: handles travel back
@@ -84,11 +136,27 @@ def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mo
         if name not in route:
             parent = pos.parent
             route[name] = route[parent]
-            flushed_at[name] = flushed_at[parent] + hop(64 * writers)
+            flushed_at[name] = flushed_at[parent] + down()
         hops = tree[name].level - tree[route[name]].level
         max_hops = max(max_hops, hops)
-        latency = max(latency, flushed_at[name])
+        latency = max(latency, flushed_at[name] + (jit(m.reply) if m else 0))
     return files, latency, max_hops
+
+
+def _plot_measured(ax_small: object, ax_large: object, rows: list[dict], sizes: list[int]
+                   ) -> None:
+    """The measured model: checkpoint p50 by branching, per cluster size."""
+    for ax, wname in ((ax_small, "small"), (ax_large, "large")):
+        for n in sizes:
+            rs = [r for r in rows if r["model"] == "measured" and r["workload"] == wname
+                  and r["nodes"] == n and r["mode"] == "tree"]
+            ax.plot([r["branching"] for r in rs], [r["latency_p50_ms"] for r in rs],
+                    marker="o", label=f"tree p50, {n} nodes")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("branching factor")
+        ax.set_title(f"{wname} increments, measured per-stage costs (file://): p50 (ms)",
+                     fontsize=9)
+        ax.legend(fontsize=7)
 
 
 def main() -> None:
@@ -99,36 +167,46 @@ def main() -> None:
     flush_bytes = 4 * MB
     workloads = {"small": 10_000, "large": 2 * MB}  # bytes per writer per checkpoint
     rng = random.Random(158)
+    measured = Measured.load(os.path.join(os.path.dirname(__file__), "results",
+                                          "vs_flink.json"))
+    models: dict[str, Measured | None] = {"s3-flip": None}
+    if measured is not None:
+        models["measured"] = measured
     rows = []
-    for wname, per_writer in workloads.items():
-        for n in sizes:
-            configs = [("direct", 0), ("per-node", 0)] + [("tree", b) for b in branchings]
-            for mode, b in configs:
-                runs = [simulate(n, b, 4, per_writer, flush_bytes, mode, rng)
-                        for _ in range(samples)]
-                lat = [r[1] for r in runs]
-                row = {"workload": wname, "nodes": n, "mode": mode, "branching": b,
-                       "files_per_checkpoint": sum(r[0] for r in runs) / samples,
-                       "max_hops": max(r[2] for r in runs),
-                       "latency_p50_ms": percentile(lat, 50),
-                       "latency_p99_ms": percentile(lat, 99)}
-                rows.append(row)
-                print(f"{wname:5} n={n:5} {mode:8} b={b:2}: {row['files_per_checkpoint']:7.1f} "
-                      f"files, hops {row['max_hops']}, p50 {row['latency_p50_ms']:7.0f} ms, "
-                      f"p99 {row['latency_p99_ms']:7.0f} ms", flush=True)
+    for model, m in models.items():
+        for wname, per_writer in workloads.items():
+            for n in sizes:
+                configs = [("direct", 0), ("per-node", 0)] + [("tree", b) for b in branchings]
+                for mode, b in configs:
+                    runs = [simulate(n, b, 4, per_writer, flush_bytes, mode, rng, m=m)
+                            for _ in range(samples)]
+                    lat = [r[1] for r in runs]
+                    row = {"model": model, "workload": wname, "nodes": n, "mode": mode,
+                           "branching": b,
+                           "files_per_checkpoint": sum(r[0] for r in runs) / samples,
+                           "max_hops": max(r[2] for r in runs),
+                           "latency_p50_ms": percentile(lat, 50),
+                           "latency_p99_ms": percentile(lat, 99)}
+                    rows.append(row)
+                    print(f"{model:8} {wname:5} n={n:5} {mode:8} b={b:2}: "
+                          f"{row['files_per_checkpoint']:7.1f} files, hops {row['max_hops']}, "
+                          f"p50 {row['latency_p50_ms']:7.1f} ms, "
+                          f"p99 {row['latency_p99_ms']:7.1f} ms", flush=True)
     pyplot = plt()
-    fig, axes = pyplot.subplots(2, 2, figsize=(12, 8))
+    fig, axes = pyplot.subplots(2, 3, figsize=(17, 8))
+    if measured is not None:
+        _plot_measured(axes[0][2], axes[1][2], rows, sizes)
     for col, wname in enumerate(workloads):
         ax_f, ax_l = axes[0][col], axes[1][col]
         for n in sizes:
             rs = [r for r in rows if r["workload"] == wname and r["nodes"] == n
-                  and r["mode"] == "tree"]
+                  and r["mode"] == "tree" and r["model"] == "s3-flip"]
             ax_f.plot([r["branching"] for r in rs], [r["files_per_checkpoint"] for r in rs],
                       marker="o", label=f"tree, {n} nodes")
             ax_l.plot([r["branching"] for r in rs], [r["latency_p99_ms"] for r in rs],
                       marker="o", label=f"tree p99, {n} nodes")
             pn = next(r for r in rows if r["workload"] == wname and r["nodes"] == n
-                      and r["mode"] == "per-node")
+                      and r["mode"] == "per-node" and r["model"] == "s3-flip")
             ax_l.axhline(pn["latency_p99_ms"], ls="--", lw=0.8,
                          color=ax_l.lines[-1].get_color(), label=f"per-node p99, {n} nodes")
         ax_f.set_xscale("log", base=2)
@@ -141,7 +219,9 @@ def main() -> None:
         ax_l.legend(fontsize=7)
     write_results("tree_scale_sim", {"quick": args.quick, "samples": samples,
                                      "flush_bytes": flush_bytes, "workloads": workloads,
-                                     "writers_per_node": 4, "rows": rows}, fig, args.out)
+                                     "writers_per_node": 4,
+                                     "measured_costs_ms": measured.__dict__ if measured else None,
+                                     "rows": rows}, fig, args.out)
 
 
 if __name__ == "__main__":
