@@ -13,13 +13,16 @@ batch recomputation over all input; the demo exits non-zero if it does not.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,39 @@ from .pipeline import SCHEMA, count_and_sum, diff, recompute, write_event_file
 from .state_reader import read_state
 
 NS = "dstl_demo"
+
+
+@contextlib.contextmanager
+def _terminal_only_progress(log: Path, quiet: bool) -> Iterator[Callable[[str], None]]:
+    """Send this process's stdout and stderr, and those of every process it starts from
+    now on (Ray's, the Spark JVM's), to ``log``; yield a function that prints a progress
+    line on the terminal (and into the log). ``quiet=False`` leaves output as it is."""
+    if not quiet:
+        yield lambda line: print(line, flush=True)
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    term = os.fdopen(os.dup(1), "w", buffering=1)
+    with open(log, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+
+    def say(line: str) -> None:
+        term.write(line + "\n")
+        print(line, flush=True)  # into the log, between the lines it explains
+
+    try:
+        yield say
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+        term.close()
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -58,6 +94,17 @@ def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> No
 
 
 def run_pipeline_demo(args: argparse.Namespace) -> int:
+    pyplot("dstl-ray demo (the latency plot)")  # before minutes of work, not after
+    base = Path(os.path.abspath(args.base_path or "demo-data"))
+    shutil.rmtree(base, ignore_errors=True)
+    log = base / "logs" / "demo.log"
+    with _terminal_only_progress(log, not args.verbose) as say:
+        if not args.verbose:
+            say(f"[demo] logs of Ray, Spark and its JVM go to {log} (--verbose: here)")
+        return _run(args, base, say)
+
+
+def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> int:
     import ray
 
     from dstl_ray import ChangelogConfig, deploy
@@ -66,23 +113,19 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
     from .operator import KeyedStatefulOperator
     from .session import kill_executor, start_spark, stop_spark
 
-    pyplot("dstl-ray demo (the latency plot)")  # before minutes of work, not after
-    base = Path(os.path.abspath(args.base_path or "demo-data"))
-    shutil.rmtree(base, ignore_errors=True)
     src, out_dir = base / "input", base / "output"
     out_dir.mkdir(parents=True)
-    print(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}", flush=True)
+    say(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}")
     cluster = start_local_cluster(3, 1, NS)
     spark = None
     stop = threading.Event()
     try:
         tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
                   detached=False)
-        print(f"[demo] changelog tree: {len(tree.status())} node actors on file://{base}/dstl",
-              flush=True)
+        say(f"[demo] changelog tree: {len(tree.status())} node actors on file://{base}/dstl")
         spark = start_spark("dstl-demo", num_executors=3, executor_cores=1,
                             executor_memory="512M")
-        print("[demo] Spark on RayDP: 3 executors spread over the Ray nodes", flush=True)
+        say("[demo] Spark on RayDP: 3 executors spread over the Ray nodes")
 
         def sink(batch_id: int, outputs: list[Any]) -> None:  # idempotent by batch id
             tmp = out_dir / f".batch-{batch_id:06d}.tmp"
@@ -130,19 +173,19 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
                 ray.kill(ray.get_actor(node, namespace=NS), no_restart=False)
                 killed = (node, kill_executor() or "none found")
                 fail_at = time.time()
-                print(f"[demo] t={fail_at - t0:4.0f}s FAILURE: killed node actor {node} and "
-                      f"executor {killed[1]}", flush=True)
+                say(f"[demo] t={fail_at - t0:4.0f}s FAILURE: killed node actor {node} and "
+                    f"executor {killed[1]}")
             if now - last_print >= 5 and op.history:
                 h = op.history
                 lat = [s.checkpoint_s * 1000 for s in h[-10:]]
-                print(f"[demo] t={now - t0:4.0f}s batches={len(h):3d} "
-                      f"rows={sum(s.rows for s in h):7d} events-produced={produced[0]:7d} "
-                      f"checkpoint p50 (last 10)={statistics.median(lat):6.1f} ms", flush=True)
+                say(f"[demo] t={now - t0:4.0f}s batches={len(h):3d} "
+                    f"rows={sum(s.rows for s in h):7d} events-produced={produced[0]:7d} "
+                    f"checkpoint p50 (last 10)={statistics.median(lat):6.1f} ms")
                 last_print = now
             time.sleep(0.5)
         stop.set()
         gen.join()
-        print("[demo] input stopped; draining the stream", flush=True)
+        say("[demo] input stopped; draining the stream")
         q.processAllAvailable()
         q.stop()
         h = op.history
@@ -150,13 +193,11 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
         if fail_at is not None:
             after = [s for s in h if s.finished_at > fail_at]
             recovery_s = (after[0].finished_at - fail_at) if after else None
-        print("[demo] checking the last checkpoint's state against a batch recomputation",
-              flush=True)
+        say("[demo] checking the last checkpoint's state against a batch recomputation")
         got = op.state()
         want = recompute(spark, src)
         problems = diff(got, want)
-        print("[demo] reading the final state back as DataFrames (spark_glue.read_state)",
-              flush=True)
+        say("[demo] reading the final state back as DataFrames (spark_glue.read_state)")
         read_back = {name: _read_back(spark, op, name) for name in ("count", "sum", "hist")}
         problems += [f"read_state({name!r}) differs from the operator's state"
                      for name, rows in read_back.items() if rows != got.get(name, {})]
@@ -183,23 +224,23 @@ def run_pipeline_demo(args: argparse.Namespace) -> int:
             "state_reader_rows": sum(len(v) for v in read_back.values()),
         }
         op.close()
-        print("\n[demo] summary")
+        say("\n[demo] summary")
         width = max(len(k) for k in summary)
         for k, v in summary.items():
-            print(f"  {k:<{width}}  {v}")
+            say(f"  {k:<{width}}  {v}")
         (base / "summary.json").write_text(json.dumps(summary, indent=2))
         png = base / "checkpoint_latency.png"
         _plot(h, t0, fail_at, png)
-        print(f"[demo] wrote {png} and {base / 'summary.json'}")
+        say(f"[demo] wrote {png} and {base / 'summary.json'}")
         if problems:
-            print("[demo] FAILED: the state differs from the recomputation:")
+            say("[demo] FAILED: the state differs from the recomputation:")
             for p in problems:
-                print("   ", p)
+                say(f"    {p}")
             return 1
         if args.inject and recovery_s is None:
-            print("[demo] FAILED: no checkpoint completed after the failure")
+            say("[demo] FAILED: no checkpoint completed after the failure")
             return 1
-        print("[demo] OK: the state equals the batch recomputation of all input")
+        say("[demo] OK: the state equals the batch recomputation of all input")
         return 0
     finally:
         stop.set()
@@ -229,5 +270,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file-interval", type=float, default=0.5, help="seconds between files")
     p.add_argument("--users", type=int, default=5000)
     p.add_argument("--materialization-interval", type=float, default=10.0)
+    p.add_argument("--verbose", action="store_true",
+                   help="Ray, Spark and JVM logs on the terminal (default: a log file)")
     p.add_argument("--no-failure", dest="inject", action="store_false",
                    help="do not kill a node actor and an executor half-way")

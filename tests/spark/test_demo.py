@@ -18,6 +18,12 @@ def test_demo_short_run(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[demo] OK" in proc.stdout
+    # the terminal gets progress lines and the summary; Ray's, Spark's and the JVM's logs
+    # (the stack traces after the injected kill among them) go to a file
+    assert all(line.startswith(("[demo]", "  ")) or not line.strip()
+               for line in proc.stdout.splitlines()), proc.stdout[-3000:]
+    assert not proc.stderr.strip(), proc.stderr[-3000:]
+    assert (base / "logs" / "demo.log").stat().st_size > 1000
     summary = json.loads((base / "summary.json").read_text())
     assert summary["state_matches_recomputation"] is True
     assert summary["state_reader_rows"] >= 3 * summary["users"] > 0  # count, sum, hist
