@@ -17,10 +17,10 @@ from typing import Any
 from pyspark.sql.types import StringType, StructField, StructType
 
 from dstl_ray.checkpoint.recovery import load_checkpoint
-from dstl_ray.errors import ConfigError
+from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.change_feed import check_window
 from dstl_ray.state.change_feed import read_change_feed as _feed
-from dstl_ray.state.reader import operator_states, read_range, resolve_checkpoint, the_operator
+from dstl_ray.state.reader import read_range, resolve_checkpoint, state_info, the_operator
 from dstl_ray.state.records import StateKind
 from dstl_ray.storage.base import join
 
@@ -75,15 +75,11 @@ def read_state(spark: Any, source: Any, state: str, *, operator_id: str | None =
     url, op_of_source = checkpoint_url(source, namespace)
     cc = load_checkpoint(url)
     op = the_operator(cc, operator_id or op_of_source)
-    info = operator_states(cc, op).get(state)
-    if info is None:
-        raise ConfigError(f"operator {op!r} in {url} has no state {state!r} (it has "
-                          f"{sorted(operator_states(cc, op))})")
-    n = parallelism or spark.sparkContext.defaultParallelism
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"parallelism must be an int >= 1, got {parallelism!r}")
-    n = min(n, cc.metadata.max_parallelism)
-    kind = info.kind
+    try:
+        kind = state_info(cc, op, state).kind
+    except StateError as e:
+        raise ConfigError(str(e)) from None
+    n = _tasks(spark, parallelism, cc.metadata.max_parallelism)
 
     def part(index: int) -> Iterator[tuple[Any, ...]]:
         return _rows(url, op, state, kind, n, index, now_ms)
@@ -91,6 +87,15 @@ def read_state(spark: Any, source: Any, state: str, *, operator_id: str | None =
     rdd = spark.sparkContext.parallelize(range(n), n).flatMap(part)
     cols = ["key", "user_key", "value"] if kind is StateKind.MAP else ["key", "value"]
     return _frame(spark, rdd, cols, schema, _FALLBACK_SCHEMA[kind])
+
+
+def _tasks(spark: Any, parallelism: int | None, max_parallelism: int) -> int:
+    """How many Spark tasks read: ``parallelism`` (default Spark's default parallelism), at
+    most one per key group."""
+    n = parallelism or spark.sparkContext.defaultParallelism
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"parallelism must be an int >= 1, got {parallelism!r}")
+    return min(n, max_parallelism)
 
 
 def _frame(spark: Any, rdd: Any, cols: list[str], schema: Any, fallback: str) -> Any:
@@ -124,10 +129,7 @@ def read_change_feed(spark: Any, start: Any, end: Any, state: str, *,
     s_url, op_s = checkpoint_url(start, namespace)
     e_url, op_e = checkpoint_url(end, namespace)
     op = check_window(s_url, e_url, operator_id or op_e or op_s, state)  # on the driver
-    n = parallelism or spark.sparkContext.defaultParallelism
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"parallelism must be an int >= 1, got {parallelism!r}")
-    n = min(n, load_checkpoint(e_url).metadata.max_parallelism)
+    n = _tasks(spark, parallelism, load_checkpoint(e_url).metadata.max_parallelism)
 
     def part(index: int) -> Iterator[tuple[Any, ...]]:
         for c in _feed(s_url, e_url, state, op, n, index):

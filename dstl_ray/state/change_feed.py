@@ -25,7 +25,7 @@ from ..checkpoint.recovery import CompletedCheckpoint, load_checkpoint
 from ..checkpoint.snapshot import ChangelogComponent
 from ..errors import StateError
 from ..keygroups import KeyGroupRange, key_group_range_for_subtask
-from .reader import operator_states, resolve_checkpoint, the_operator
+from .reader import resolve_checkpoint, state_info, the_operator
 from .records import Op, StateKind, TaggedSerializer, decode_record, split_items
 from .ttl import spec_ttl, unstamp
 
@@ -113,16 +113,20 @@ def _window(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str
     return out
 
 
-def check_window(start: str, end: str, operator_id: str | None = None,
-                 state: str | None = None) -> str:
-    """Fail as :func:`read_change_feed` would if the changes between checkpoints ``start``
-    and ``end`` are not all held (or ``state`` is unknown); returns the operator id read."""
+def _open(start: str, end: str, operator_id: str | None, state: str
+          ) -> tuple[CompletedCheckpoint, CompletedCheckpoint, str]:
+    """The two checkpoints and the operator read; fails if ``state`` is unknown."""
     cs, ce = load_checkpoint(resolve_checkpoint(start)), load_checkpoint(resolve_checkpoint(end))
     op = the_operator(ce, operator_id)
+    state_info(ce, op, state)
+    return cs, ce, op
+
+
+def check_window(start: str, end: str, operator_id: str | None, state: str) -> str:
+    """Fail as :func:`read_change_feed` would if ``state`` is unknown or the changes
+    between checkpoints ``start`` and ``end`` are not all held; returns the operator id."""
+    cs, ce, op = _open(start, end, operator_id, state)
     _window(cs, ce, op)
-    if state is not None and state not in operator_states(ce, op):
-        raise StateError(f"operator {op!r} in {ce.metadata_url} has no state {state!r} "
-                         f"(it has {sorted(operator_states(ce, op))})")
     return op
 
 
@@ -131,11 +135,7 @@ def read_change_feed(start: str, end: str, state: str, operator_id: str | None =
     """The changes of ``state`` after checkpoint ``start`` up to checkpoint ``end`` (see
     :func:`~dstl_ray.state.reader.resolve_checkpoint` for what names one), in key-group
     range ``index`` of ``parts``."""
-    cs, ce = load_checkpoint(resolve_checkpoint(start)), load_checkpoint(resolve_checkpoint(end))
-    op = the_operator(ce, operator_id)
-    if state not in operator_states(ce, op):
-        raise StateError(f"operator {op!r} in {ce.metadata_url} has no state {state!r} "
-                         f"(it has {sorted(operator_states(ce, op))})")
+    cs, ce, op = _open(start, end, operator_id, state)
     mine = key_group_range_for_subtask(ce.metadata.max_parallelism, parts, index)
     de = TaggedSerializer().deserialize
     for comp, since, rank in _window(cs, ce, op):

@@ -78,6 +78,16 @@ def operator_states(cc: CompletedCheckpoint, operator_id: str) -> dict[str, Stat
     return out
 
 
+def state_info(cc: CompletedCheckpoint, operator_id: str, state: str) -> StateInfo:
+    """State ``state`` of ``operator_id`` in ``cc``; a :class:`StateError` names the states
+    there are if it has none of that name."""
+    states = operator_states(cc, operator_id)
+    if state not in states:
+        raise StateError(f"operator {operator_id!r} in {cc.metadata_url} has no state "
+                         f"{state!r} (it has {sorted(states)})")
+    return states[state]
+
+
 def the_operator(cc: CompletedCheckpoint, operator_id: str | None) -> str:
     """``operator_id``, or the only operator of ``cc`` when None."""
     if operator_id is not None:
@@ -96,10 +106,7 @@ def read_range(metadata_url: str, operator_id: str, state: str, parts: int, inde
     job reads them: a value, a list, or a dict for a map state. ``now_ms``: the time TTL
     expiry is judged at (default now)."""
     cc = load_checkpoint(metadata_url)
-    info = operator_states(cc, operator_id).get(state)
-    if info is None:
-        raise StateError(f"operator {operator_id!r} in {metadata_url} has no state {state!r} "
-                         f"(it has {sorted(operator_states(cc, operator_id))})")
+    state_info(cc, operator_id, state)
     kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, parts, index)
     sources = assign_sources(cc, operator_id, parts)[index]
     with tempfile.TemporaryDirectory(prefix="dstl-reader-") as local:
@@ -126,4 +133,4 @@ def read_state(source: str, state: str, operator_id: str | None = None,
 
 
 __all__ = ["StateInfo", "operator_states", "read_range", "read_state",
-           "resolve_checkpoint", "the_operator"]
+           "resolve_checkpoint", "state_info", "the_operator"]

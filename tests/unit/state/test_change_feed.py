@@ -21,6 +21,14 @@ def _job(base, parallelism=2, restore=None, mat=None):
     return coord, bs
 
 
+def _restart(base, coord, b):
+    """The job fails and starts again: its backends restore the latest checkpoint, each
+    with a new log (the old one stays in their snapshots until a materialization)."""
+    coord.abandon()
+    b.close()
+    return _job(base, parallelism=1)
+
+
 def _owner(bs, k):
     return next(b for b in bs if b.key_group_range.start <= d.assign_key_group(k, MAXP)
                 <= b.key_group_range.end)
@@ -108,9 +116,7 @@ def test_a_log_begun_by_a_restore_after_a_counts_from_its_beginning(tmp_path):
     b.value_state("v").update("k", 1)
     a = coord.trigger_checkpoint().result()
     b.value_state("v").update("k", "lost")  # never in a checkpoint: the job fails here
-    coord.abandon()
-    b.close()
-    coord2, (b2,) = _job(base, parallelism=1)  # restores A: a new log
+    coord2, (b2,) = _restart(base, coord, b)  # restores A: a new log
     b2.value_state("v").update("k", 2)
     c = coord2.trigger_checkpoint().result()
     assert [(x.op, x.value) for x in read_change_feed(a.metadata_url, c.metadata_url, "v")] \
@@ -144,9 +150,7 @@ def test_changes_across_a_restore_sort_by_order_then_sqn(tmp_path):
     for i in range(5):
         b.value_state("v").update("k", i)
     coord.trigger_checkpoint().result()
-    coord.abandon()
-    b.close()
-    coord2, (b2,) = _job(base, parallelism=1)  # the old log stays in its snapshots
+    coord2, (b2,) = _restart(base, coord, b)  # the old log stays in its snapshots
     for i in range(5, 7):
         b2.value_state("v").update("k", i)
     c = coord2.trigger_checkpoint().result()
