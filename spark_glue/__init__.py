@@ -5,7 +5,7 @@ from .nearest import connect, nearest_node_name
 from .operator import BatchStats, KeyedStatefulOperator
 from .session import gcs_address, spark_session, start_spark, stop_spark
 from .state_reader import read_change_feed, read_state
-from .worker import KeyedState
+from .views import KeyedState
 
 __all__ = ["BatchStats", "KeyedState", "KeyedStatefulOperator", "connect", "gcs_address",
            "nearest_node_name", "read_change_feed", "read_state", "spark_session", "start_spark", "stop_spark"]

@@ -29,10 +29,8 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, overload
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from dstl_ray.checkpoint.coordinator import CheckpointCoordinator
 from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
@@ -40,56 +38,13 @@ from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
-from .worker import TaskSpec, UpdateFn, run_partition, subtask_of
+from .stats import BatchHistory, BatchStats
+from .worker import TaskSpec, UpdateFn, run_partition
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[int, list[Any]], None]
-
-
-@dataclass
-class BatchStats:
-    """What one micro-batch did (for progress lines, summaries and plots)."""
-
-    batch_id: int
-    rows: int
-    keys: int
-    batch_s: float
-    checkpoint_s: float  # slowest subtask's persist + the metadata commit
-    commit_s: float
-    restores: int
-    retries: int
-    replayed: bool
-    nodes: dict[int, str] = field(default_factory=dict)  # subtask -> node actor it used
-    chosen_by: dict[int, str] = field(default_factory=dict)
-    raylet_pids: dict[int, str] = field(default_factory=dict)
-    executors: dict[int, str] = field(default_factory=dict)  # subtask -> Spark executor id
-    restore_s: float = 0.0  # slowest subtask's restore (0 when every cache hit)
-    apply_s: float = 0.0  # slowest subtask's update function time
-    finished_at: float = field(default_factory=time.time)
-
-
-class BatchHistory(deque[BatchStats]):
-    """The :class:`BatchStats` of the last ``maxlen`` micro-batches, oldest first (``None``:
-    every batch; a long run with a bound keeps memory flat). ``total`` counts every batch
-    ever recorded, including those that fell off the front. Slicing returns a list."""
-
-    def __init__(self, iterable: Iterable[BatchStats] = (), maxlen: int | None = None) -> None:
-        super().__init__(iterable, maxlen)
-        self.total = len(self)
-
-    def append(self, stats: BatchStats) -> None:
-        super().append(stats)
-        self.total += 1
-
-    @overload
-    def __getitem__(self, i: int) -> BatchStats: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[BatchStats]: ...
-    def __getitem__(self, i: int | slice) -> BatchStats | list[BatchStats]:
-        if isinstance(i, slice):
-            return list(self)[i]
-        return super().__getitem__(i)
+Sink = Callable[[int, Any], None]
+APIS = ("rows", "pandas")
 
 
 def is_replay(job_id: str, batch_id: int, latest_id: int | None) -> bool:
@@ -141,12 +96,18 @@ def ttl_spec(state_ttl: Mapping[str, StateTtlConfig | float] | None
 class KeyedStatefulOperator:
     """``foreachBatch`` callable: per-key state over micro-batches with exactly-once state.
 
-    ``update(key, rows, state)`` is called once per key present in a batch with that key's
-    rows (in no particular order) and a :class:`~spark_glue.worker.KeyedState` offering
-    ``state.value(name)``, ``state.list(name)`` and ``state.map(name)``; whatever it returns
-    (an iterable or None) is collected and passed to ``sink(batch_id, outputs)`` once the
-    batch's checkpoint is complete. The update function must be deterministic (a replayed
-    batch must give the same state), as for any Spark stateful operator.
+    Rows travel as Arrow record batches (:mod:`spark_glue.routing`). With ``api="rows"`` (the
+    per-key API), ``update(key, rows, state)`` is called once per key present in a batch with
+    that key's rows (``pyspark.sql.Row`` objects, in arrival order) and a
+    :class:`~spark_glue.views.KeyedState` offering ``state.value(name)``, ``state.list(name)``
+    and ``state.map(name)``; whatever it returns (an iterable or None) is collected into one
+    list. With ``api="pandas"`` (the vectorized API, :mod:`spark_glue.vectorized`),
+    ``update(keys, rows, state)`` is called once per subtask with all its keys, their rows as
+    a pandas DataFrame and their states by the column; the DataFrames it returns are
+    collected into one pandas DataFrame, or a Spark DataFrame when ``output_schema`` is given.
+    The outputs go to ``sink(batch_id, outputs)`` once the batch's checkpoint is complete.
+    The update function must be deterministic (a replayed batch must give the same state),
+    as for any Spark stateful operator.
 
     ``history`` holds the :class:`BatchStats` of the last ``history_limit`` batches (None:
     all of them, for bounded runs that summarize every batch).
@@ -172,7 +133,8 @@ class KeyedStatefulOperator:
                  sink: Sink | None = None, spark: Any = None, sticky: bool = True,
                  history_limit: int | None = 1000,
                  state_ttl: Mapping[str, StateTtlConfig | float] | None = None,
-                 state_backend: str = "heap", local_dir: str | None = None) -> None:
+                 state_backend: str = "heap", local_dir: str | None = None,
+                 api: str = "rows", output_schema: Any = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -197,6 +159,11 @@ class KeyedStatefulOperator:
         if local_dir is not None and (not isinstance(local_dir, str) or not local_dir):
             raise ConfigError(f"local_dir must be a directory path, got {local_dir!r}")
         self.state_backend, self.local_dir = state_backend, local_dir
+        if api not in APIS:
+            raise ConfigError(f"api must be one of {', '.join(APIS)}, got {api!r}")
+        if output_schema is not None and api != "pandas":
+            raise ConfigError("output_schema is for api='pandas' (its outputs are DataFrames)")
+        self.api, self.output_schema = api, output_schema
         self._ttl_names_checked = False
         self.job_id = job_id
         self.key = key
@@ -275,7 +242,7 @@ class KeyedStatefulOperator:
                         caller_namespace=self.caller_namespace,
                         incarnation=str(cc.incarnation),
                         state_ttl=self.state_ttl, state_backend=self.state_backend,
-                        local_dir=self.local_dir)
+                        local_dir=self.local_dir, key=self.key, api=self.api)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)
@@ -287,7 +254,7 @@ class KeyedStatefulOperator:
             self.epoch = uuid.uuid4().hex
             raise
         self._check_ttl_names(snaps)
-        outputs = [o for r in results for o in r["outputs"]]
+        outputs = self._outputs(results, spark)
         if self.sink is not None:
             self.sink(batch_id, outputs)
         t3 = time.perf_counter()
@@ -305,17 +272,20 @@ class KeyedStatefulOperator:
 
     def _run(self, df: Any, spec: TaskSpec) -> list[dict[str, Any]]:
         from .placement import executor_hosts, pinned_rdd, plan
+        from .routing import route
 
-        key, maxp, p = self.key, spec.max_parallelism, spec.parallelism
+        def task(index: int, payloads: Any) -> Any:
+            return run_partition(spec, index, payloads)
 
-        def route(row: Any) -> tuple[int, tuple[Any, Any]]:
-            k = row[key]
-            return subtask_of(k, maxp, p), (k, row)
-
-        def task(index: int, rows: Any) -> Any:
-            return run_partition(spec, index, rows)
-
-        routed = df.rdd.map(route).partitionBy(p, lambda s: s)
+        p = spec.parallelism
+        routed = route(df, self.key, spec.max_parallelism, p).rdd
+        if routed.getNumPartitions() != p:
+            # Spark's adaptive execution gives an empty shuffle no partitions: an empty
+            # micro-batch still checkpoints every subtask
+            if not routed.isEmpty():
+                raise RuntimeError(f"batch {spec.batch_id}: Spark gave the routed rows "
+                                   f"{routed.getNumPartitions()} partitions, not {p}")
+            routed = routed.context.parallelize([], p)
         per_subtask = routed.mapPartitionsWithIndex(task)  # one result per partition
         sc = routed.context
         hosts: dict[str, str] = {}
@@ -341,6 +311,20 @@ class KeyedStatefulOperator:
                                f"0..{p - 1}, got {got}")
         self._placement = {r["index"]: r["executor"] for r in results if r["executor"]}
         return sorted(results, key=lambda r: r["index"])
+
+    def _outputs(self, results: list[dict[str, Any]], spark: Any) -> Any:
+        """What the sink gets: the per-key API's outputs as one list; the pandas API's as
+        one pandas DataFrame (None: no output), or a Spark DataFrame of ``output_schema``."""
+        if self.api == "rows":
+            return [o for r in results for o in r["outputs"]]
+        from .vectorized import outputs_table
+
+        table = outputs_table(r["output_ipc"] for r in results)
+        if self.output_schema is None:
+            return None if table is None else table.to_pandas()
+        if table is None:
+            return spark.createDataFrame([], self.output_schema)
+        return spark.createDataFrame(table.to_pandas(), self.output_schema)
 
     # ------------------------------------------------------------------ state
 

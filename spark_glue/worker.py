@@ -26,6 +26,9 @@ from dstl_ray.state.backend import ChangelogKeyedStateBackend
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .placement import executor_id
+from .routing import Groups, group_by_key, read_payloads, rows_of
+from .vectorized import apply_pandas
+from .views import KeyedState
 
 UpdateFn = Callable[[Any, list[Any], "KeyedState"], Iterable[Any] | None]
 
@@ -63,84 +66,10 @@ class TaskSpec:
     # the state table of every subtask ("heap" | "rocksdb") and its local directory
     state_backend: str = "heap"
     local_dir: str | None = None
-
-
-class ValueView:
-    """ValueState of the current key."""
-
-    def __init__(self, state: Any, key: Any) -> None:
-        self._s, self._k = state, key
-
-    def get(self, default: Any = None) -> Any:
-        return self._s.value(self._k, default)
-
-    def set(self, value: Any) -> None:
-        self._s.update(self._k, value)
-
-    def clear(self) -> None:
-        self._s.clear(self._k)
-
-
-class ListView:
-    """ListState of the current key."""
-
-    def __init__(self, state: Any, key: Any) -> None:
-        self._s, self._k = state, key
-
-    def get(self) -> list[Any]:
-        return self._s.get(self._k)
-
-    def add(self, value: Any) -> None:
-        self._s.add(self._k, value)
-
-    def update(self, values: list[Any]) -> None:
-        self._s.update(self._k, values)
-
-    def clear(self) -> None:
-        self._s.clear(self._k)
-
-
-class MapView:
-    """MapState of the current key."""
-
-    def __init__(self, state: Any, key: Any) -> None:
-        self._s, self._k = state, key
-
-    def get(self, user_key: Any, default: Any = None) -> Any:
-        return self._s.get(self._k, user_key, default)
-
-    def put(self, user_key: Any, value: Any) -> None:
-        self._s.put(self._k, user_key, value)
-
-    def remove(self, user_key: Any) -> None:
-        self._s.remove(self._k, user_key)
-
-    def items(self) -> dict[Any, Any]:
-        return self._s.items(self._k)
-
-    def clear(self) -> None:
-        self._s.clear(self._k)
-
-
-class KeyedState:
-    """The states of one key, handed to the user's update function. A state named in
-    ``ttl`` (the operator's ``state_ttl``) expires as :mod:`dstl_ray.state.ttl` says:
-    writes refresh it, reads do not, and an expired entry reads as absent."""
-
-    def __init__(self, backend: ChangelogKeyedStateBackend, key: Any,
-                 ttl: Mapping[str, StateTtlConfig] | None = None) -> None:
-        self.key = key
-        self._b = backend
-        self._ttl = ttl or {}
-
-    def value(self, name: str) -> ValueView:
-        return ValueView(self._b.value_state(name, self._ttl.get(name)), self.key)
-
-    def list(self, name: str) -> ListView:
-        return ListView(self._b.list_state(name, self._ttl.get(name)), self.key)
-
-    def map(self, name: str) -> MapView:
-        return MapView(self._b.map_state(name, self._ttl.get(name)), self.key)
+    # the key column, and the update API: "rows" (per key, Row objects) or "pandas"
+    # (spark_glue.vectorized)
+    key: str = ""
+    api: str = "rows"
 
 
 @dataclass
@@ -252,9 +181,23 @@ def release(entry: _Entry, holds: int | None) -> None:
         entry.holds, entry.busy = holds, False
 
 
-def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
+def apply_rows(update: UpdateFn, groups: Groups, backend: ChangelogKeyedStateBackend,
+               ttl: Mapping[str, StateTtlConfig]) -> list[Any]:
+    """The per-key API: ``update(key, rows, state)`` once per key, rows as ``Row`` objects."""
+    rows = rows_of(groups.table)
+    off = groups.offsets
+    outputs: list[Any] = []
+    for i, key in enumerate(groups.keys):
+        out = update(key, rows[off[i]:off[i + 1]], KeyedState(backend, key, ttl))
+        if out is not None:
+            outputs.extend(out)
+    return outputs
+
+
+def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
                   ) -> Iterator[dict[str, Any]]:
-    """Apply one subtask's rows of the micro-batch, snapshot, and report the snapshot."""
+    """Apply one subtask's rows of the micro-batch (its Arrow payloads, spark_glue.routing),
+    snapshot, and report the snapshot."""
     from pyspark import TaskContext
 
     t0 = time.perf_counter()
@@ -263,22 +206,20 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
     # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
     # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
     stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
+    groups = group_by_key(read_payloads(index, payloads), spec.key)
+    t_read = time.perf_counter() - t0
     client = _client(spec)
     entry, restore_s = backend_for(spec, index, attempt > 0 or stage_attempt > 0, client)
     backend = entry.backend
     holds: int | None = None
+    outputs: list[Any] = []
+    output_ipc: bytes | None = None
     try:
-        by_key: dict[Any, list[Any]] = {}
-        n = 0
-        for _subtask, (key, row) in rows:
-            by_key.setdefault(key, []).append(row)
-            n += 1
-        outputs: list[Any] = []
         ttl = dict(spec.state_ttl)
-        for key, key_rows in by_key.items():
-            out = spec.update(key, key_rows, KeyedState(backend, key, ttl))
-            if out is not None:
-                outputs.extend(out)
+        if spec.api == "pandas":
+            output_ipc = apply_pandas(spec.update, groups, backend, ttl)
+        else:
+            outputs = apply_rows(spec.update, groups, backend, ttl)
         t1 = time.perf_counter()
         backend.notify_checkpoint_subsumed(spec.subsumed_watermark)
         snap = backend.snapshot(checkpoint_id=spec.batch_id).result(
@@ -289,8 +230,9 @@ def run_partition(spec: TaskSpec, index: int, rows: Iterator[tuple[Any, Any]]
         release(entry, holds)
     yield {
         "index": index, "snapshot": json.dumps(snap.to_dict()), "outputs": outputs,
-        "rows": n, "keys": len(by_key), "attempt": attempt, "stage_attempt": stage_attempt,
-        "restore_s": restore_s, "apply_s": t1 - t0 - restore_s, "snapshot_s": t2 - t1,
+        "output_ipc": output_ipc, "rows": groups.rows, "keys": len(groups.keys),
+        "attempt": attempt, "stage_attempt": stage_attempt, "read_s": t_read,
+        "restore_s": restore_s, "apply_s": t1 - t0 - restore_s - t_read, "snapshot_s": t2 - t1,
         "node": client.node_name, "chosen_by": getattr(client.transport, "chosen_by", ""),
         "raylet_pid": os.environ.get("RAY_RAYLET_PID", ""), "pid": os.getpid(),
         "executor": executor_id(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..errors import KeyGroupError
+from ..errors import KeyGroupError, StateError
 from ..keygroups import assign_key_group
 from .records import Op, StateKind, encode, join_items
 from .table import StateTable
@@ -90,6 +90,46 @@ class ValueState(_State):
         with self._b._lock:
             self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
             self._t.set_value(self._sid, kg, k, v)
+
+    # columnar access (spark_glue's vectorized API): the same semantics as value() and
+    # update() per key, with the key groups and serialized keys computed once per chunk
+
+    def refs(self, keys: Sequence[Any]) -> list[tuple[int, bytes]]:
+        """(key group, serialized key) of every key, for :meth:`values_at`/:meth:`update_at`."""
+        return [self._kg(k) for k in keys]
+
+    def values_at(self, refs: Sequence[tuple[int, bytes]], default: Any = None) -> list[Any]:
+        """:meth:`value` of every key of ``refs``, in order."""
+        get, de, sid = self._t.get_value, self._b._ser.deserialize, self._sid
+        ttl, now = self._ttl()
+        out = []
+        for kg, k in refs:
+            v = get(sid, kg, k)
+            if v is None or (ttl is not None and not alive(v, now, ttl)):
+                out.append(default)
+            else:
+                out.append(de(v if ttl is None else v[STAMP_SIZE:]))
+        return out
+
+    def update_at(self, refs: Sequence[tuple[int, bytes]], values: Sequence[Any]) -> None:
+        """:meth:`update` of every key of ``refs`` with the value at the same position (None
+        clears the key's value), under one hold of the backend's lock."""
+        if len(refs) != len(values):
+            raise StateError(f"{len(values)} values for {len(refs)} keys")
+        ser = self._b._ser.serialize
+        ttl, now = self._ttl()
+        sid, t, log = self._sid, self._t, self._log
+        with self._b._lock:
+            for (kg, k), value in zip(refs, values, strict=True):
+                if value is None:
+                    log(kg, encode(Op.VALUE_CLEAR, sid, k))
+                    t.clear(sid, kg, k)
+                    continue
+                v = ser(value)
+                if ttl is not None:
+                    v = stamp(v, now)
+                log(kg, encode(Op.VALUE_SET, sid, k, v))
+                t.set_value(sid, kg, k, v)
 
 
 class ListState(_State):

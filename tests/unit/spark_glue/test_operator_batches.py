@@ -16,7 +16,8 @@ import dstl_ray as d
 from dstl_ray.checkpoint.recovery import assign_sources
 from dstl_ray.errors import ConfigError, DstlError
 from dstl_ray.storage.registry import get_storage
-from spark_glue.operator import BatchHistory, BatchStats, KeyedStatefulOperator, is_replay
+from spark_glue.operator import KeyedStatefulOperator, is_replay
+from spark_glue.stats import BatchHistory, BatchStats
 
 JOB = "op-batches"
 MAXP = 16
@@ -64,6 +65,7 @@ class Driver:
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
         op.state_ttl = ()
         op.state_backend, op.local_dir = "heap", None
+        op.api, op.output_schema = "rows", None
         op._ttl_names_checked = False
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)

@@ -20,7 +20,7 @@ from dstl_ray.state.records import StateKind, apply_records
 from dstl_ray.state.ttl import StateTtlConfig
 from dstl_ray.storage.registry import get_storage
 from spark_glue.operator import ttl_spec
-from spark_glue.worker import KeyedState
+from spark_glue.views import KeyedState
 
 from ..ckpt_util import MAXP, client, new_base
 

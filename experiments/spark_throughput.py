@@ -1,0 +1,273 @@
+"""Spark at production size: the stateful operator's throughput against Spark's own stateful
+operators, micro-batches of 10k, 100k and 1M events over 1k, 100k and 1M distinct keys, on
+RayDP over 3 Ray nodes (3 executors x 1 core), one run, side by side:
+
+- ``dstl-ray per-key``: :class:`spark_glue.KeyedStatefulOperator`, ``update(key, rows, state)``
+  once per key (rows as ``Row`` objects);
+- ``dstl-ray vectorized``: the same operator with ``api="pandas"`` (one pandas call per
+  subtask, state by the column: spark_glue.vectorized);
+- ``Spark applyInPandasWithState``: ``groupBy(user).applyInPandasWithState`` (a pandas call
+  per key), RocksDB state store with changelog checkpointing;
+- ``Spark groupBy().agg()``: the native aggregation on the same store.
+
+Every system computes the same per-user count and sum and emits each updated key's totals
+(update mode; Spark's outputs go to the ``noop`` sink, dstl-ray's to the driver). The input is
+one Parquet file per micro-batch (keys uniform over the key space), the same files for every
+system. Per row: events/s (events over the median batch duration), batch p50/p90 (Spark's
+``triggerExecution``, the same measure for all; the first batch of each run is the warm-up
+and left out), state commit p50 (Spark: the state operator's ``commitTimeMs``; dstl-ray: the
+slowest subtask's persist plus the checkpoint metadata) and state files created per batch
+(every file name seen under the state directory, so files created and deleted count too).
+
+Run: python -m experiments.spark_throughput [--quick]
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import machine, parser, plt, summary, write_results
+from .vs_spark_state_store import ROCKSDB, FileWatcher, _progress, _run_query
+
+NS = "spark-tp"
+SCHEMA = "user STRING, amount LONG"
+SYSTEMS = ("dstl-ray per-key", "dstl-ray vectorized", "Spark applyInPandasWithState",
+           "Spark groupBy().agg()")
+
+
+def per_key(key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int]]:
+    c, s = state.value("count"), state.value("sum")
+    n, t = c.get(0) + len(rows), s.get(0) + sum(r["amount"] for r in rows)
+    c.set(n)
+    s.set(t)
+    return [(key, n, t)]
+
+
+def vectorized(keys: Any, rows: Any, state: Any) -> Any:
+    import pandas as pd
+
+    agg = rows.groupby("user", sort=False)["amount"].agg(["size", "sum"])
+    count = state.value("count").get(0).to_numpy() + agg["size"].to_numpy()
+    total = state.value("sum").get(0).to_numpy() + agg["sum"].to_numpy()
+    state.value("count").set(count)
+    state.value("sum").set(total)
+    return pd.DataFrame({"user": keys, "count": count, "sum": total})
+
+
+def in_pandas_with_state(key: Any, pdfs: Any, state: Any) -> Any:
+    import pandas as pd
+
+    count, total = state.get if state.exists else (0, 0)
+    for pdf in pdfs:
+        count += len(pdf)
+        total += int(pdf["amount"].sum())
+    state.update((count, total))
+    yield pd.DataFrame({"user": [key[0]], "count": [count], "sum": [total]})
+
+
+def write_inputs(folder: Path, batches: int, events: int, keys: int, seed: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(batches):
+        ids = rng.integers(0, keys, events)
+        users = pa.array(np.char.add("u", ids.astype(str)).astype(object), pa.string())
+        t = pa.table({"user": users, "amount": pa.array(rng.integers(1, 100, events))})
+        pq.write_table(t, folder / f".b{i:04d}.tmp")
+        (folder / f".b{i:04d}.tmp").rename(folder / f"b{i:04d}.parquet")
+
+
+def _stats(system: str, events: int, keys: int, batch_ms: list[float],
+           commit_ms: list[float], files: int, batches: int, **extra: Any) -> dict[str, Any]:
+    measured = batch_ms[1:] or batch_ms  # the first batch warms up
+    s = summary(measured)
+    return {"system": system, "events_per_batch": events, "keys": keys,
+            "events_per_s": events / (s["p50"] / 1000), "batch_ms_p50": s["p50"],
+            "batch_ms_p90": s["p90"], "commit_ms_p50": summary(commit_ms[1:] or commit_ms)["p50"],
+            "state_files_per_batch": files / max(1, batches), "batches": batches,
+            "batch_ms_series": batch_ms, **extra}
+
+
+def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: int, keys: int,
+             batches: int) -> dict[str, Any]:
+    from spark_glue import KeyedStatefulOperator
+
+    job = f"tp-{api}-{events}-{keys}"
+    op = KeyedStatefulOperator(job, key="user", update=per_key if api == "rows" else vectorized,
+                               api=api, namespace=NS, parallelism=3, max_parallelism=128,
+                               materialization_interval=10.0, sink=lambda b, out: None)
+
+    def start() -> Any:
+        return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
+                .parquet(str(src)).writeStream.foreachBatch(op)
+                .option("checkpointLocation", str(work / f"chk-{job}")).start())
+
+    try:
+        with FileWatcher(base / job) as files:
+            q, _ = _run_query(start, batches, timeout=3600)
+            prog = _progress(q)[:batches]
+            q.stop()
+        h = list(op.history)[:batches]
+        return _stats(SYSTEMS[0] if api == "rows" else SYSTEMS[1], events, keys,
+                      [p["durationMs"]["triggerExecution"] for p in prog],
+                      [x.checkpoint_s * 1000 for x in h], len(files.seen), len(prog),
+                      restores=sum(x.restores for x in h[1:]),
+                      apply_ms_p50=summary([x.apply_s * 1000 for x in h[1:] or h])["p50"])
+    finally:
+        op.close()
+
+
+def run_spark(spark: Any, src: Path, work: Path, kind: str, events: int, keys: int,
+              batches: int) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    chk = work / f"chk-spark-{kind}-{events}-{keys}"
+
+    def start() -> Any:
+        df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
+        if kind == "agg":
+            out = df.groupBy("user").agg(F.count("*").alias("count"),
+                                         F.sum("amount").alias("sum"))
+        else:
+            out = df.groupBy("user").applyInPandasWithState(
+                in_pandas_with_state, "user STRING, count LONG, sum LONG",
+                "count LONG, sum LONG", "update", GroupStateTimeout.NoTimeout)
+        return (out.writeStream.outputMode("update").format("noop")
+                .option("checkpointLocation", str(chk)).start())
+
+    with FileWatcher(chk / "state") as files:
+        q, _ = _run_query(start, batches, timeout=3600)
+        prog = _progress(q)[:batches]
+        q.stop()
+    return _stats(SYSTEMS[3] if kind == "agg" else SYSTEMS[2], events, keys,
+                  [p["durationMs"]["triggerExecution"] for p in prog],
+                  [sum(o.get("commitTimeMs", 0) for o in p["stateOperators"]) for p in prog],
+                  len(files.seen), len(prog))
+
+
+def plot(rows: list[dict[str, Any]], sizes: list[tuple[int, int]]) -> Any:
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 2, figsize=(14, 4.8))
+    labels = [f"{e // 1000}k ev\n{k // 1000}k keys" for e, k in sizes]
+    width = 0.2
+    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red"]
+    for si, system in enumerate(SYSTEMS):
+        by = {(r["events_per_batch"], r["keys"]): r for r in rows if r["system"] == system}
+        xs = [i + (si - 1.5) * width for i in range(len(sizes))]
+        axes[0].bar(xs, [by[s]["events_per_s"] if s in by else 0 for s in sizes], width,
+                    label=system, color=colors[si])
+        axes[1].bar(xs, [by[s]["batch_ms_p50"] if s in by else 0 for s in sizes], width,
+                    label=system, color=colors[si])
+    for ax, title in zip(axes, ("events/s (events over median batch duration)",
+                                "batch duration p50 (ms)"), strict=True):
+        ax.set_xticks(range(len(sizes)), labels, fontsize=8)
+        ax.set_yscale("log")
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Keyed count+sum per micro-batch, RayDP on 3 Ray nodes (3 executors x 1 core)")
+    return fig
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--events", default="", help="comma-separated events per batch")
+    p.add_argument("--keys", default="", help="comma-separated key space sizes")
+    p.add_argument("--systems", default="", help="comma-separated indexes into the systems")
+    args = p.parse_args()
+    events = [int(x) for x in args.events.split(",") if x] or (
+        [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
+    keys = [int(x) for x in args.keys.split(",") if x] or (
+        [1_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000])
+    systems = [int(x) for x in args.systems.split(",") if x] or list(range(len(SYSTEMS)))
+    sizes = [(e, k) for e in events for k in keys]
+
+    import ray
+    from pyspark import cloudpickle
+
+    from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.testing import start_local_cluster
+    from spark_glue import start_spark, stop_spark
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the update functions
+    work = Path(tempfile.mkdtemp(prefix="spark-tp-"))
+    cluster = start_local_cluster(3, 1, NS)
+    rows: list[dict[str, Any]] = []
+    try:
+        spark = start_spark("spark-tp", num_executors=3, executor_cores=1,
+                            executor_memory="1500M",
+                            configs={"spark.sql.shuffle.partitions": "3"})
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+        spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                       "true")
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100")
+        base = work / "dstl"
+        tree = deploy(f"file://{base}", ChangelogConfig(namespace=NS, persist_delay_s=0.05),
+                      detached=False)
+        try:
+            for e, k in sizes:
+                n = 6 if e <= 10_000 else 4 if e <= 100_000 else 3
+                src = work / f"in-{e}-{k}"
+                write_inputs(src, n, e, k, seed=e + k)
+                for si in systems:
+                    t0 = time.perf_counter()
+                    if si in (0, 1):
+                        r = run_dstl(spark, src, work, base, "rows" if si == 0 else "pandas",
+                                     e, k, n)
+                    else:
+                        r = run_spark(spark, src, work, "pandas" if si == 2 else "agg", e, k, n)
+                    rows.append(r)
+                    print(f"[spark_throughput] {e} events, {k} keys, {r['system']}: "
+                          f"{r['events_per_s']:,.0f} events/s, batch p50 "
+                          f"{r['batch_ms_p50']:.0f} ms, commit p50 {r['commit_ms_p50']:.0f} "
+                          f"ms, {r['state_files_per_batch']:.1f} state files/batch "
+                          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+                shutil.rmtree(src, ignore_errors=True)
+        finally:
+            tree.shutdown()
+            stop_spark()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def ratio(a: str, b: str, e: int, k: int) -> float | None:
+        x = [r["events_per_s"] for r in rows if r["system"] == a
+             and (r["events_per_batch"], r["keys"]) == (e, k)]
+        y = [r["events_per_s"] for r in rows if r["system"] == b
+             and (r["events_per_batch"], r["keys"]) == (e, k)]
+        return x[0] / y[0] if x and y else None
+
+    ratios = [{"events_per_batch": e, "keys": k,
+               "vectorized_over_apply_in_pandas": ratio(SYSTEMS[1], SYSTEMS[2], e, k),
+               "vectorized_over_native_agg": ratio(SYSTEMS[1], SYSTEMS[3], e, k),
+               "per_key_over_native_agg": ratio(SYSTEMS[0], SYSTEMS[3], e, k)}
+              for e, k in sizes]
+    data = {
+        "workload": {"events_per_batch": events, "keys": keys, "ray_nodes": 3,
+                     "executors": 3, "executor_cores": 1, "parallelism": 3,
+                     "batches": "6 (10k), 4 (100k), 3 (1M); the first is the warm-up"},
+        "rows": rows, "ratios": ratios,
+        "targets": {
+            "vectorized_at_or_above_apply_in_pandas": all(
+                r["vectorized_over_apply_in_pandas"] is not None
+                and r["vectorized_over_apply_in_pandas"] >= 1.0 for r in ratios),
+            "vectorized_at_least_half_native": all(
+                r["vectorized_over_native_agg"] is not None
+                and r["vectorized_over_native_agg"] >= 0.5 for r in ratios),
+            "no_failure_at_1m_events": any(r["events_per_batch"] >= 1_000_000 for r in rows)},
+        "machine": machine(),
+    }
+    write_results("spark_throughput", data, plot(rows, sizes), args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""The operator's data path: a micro-batch's rows reach their subtasks as Arrow record batches.
+
+Three steps, none of which pickles a row:
+
+1. **Map side** (:func:`splitter`, run by ``DataFrame.mapInArrow`` in a Spark Python worker):
+   each Arrow record batch of the input is split by operator subtask. The key group of a key is
+   ``stable_hash(key) % max_parallelism`` (:mod:`dstl_ray.keygroups`), computed once per
+   DISTINCT key of the batch (``dictionary_encode``); the rows are reordered by subtask with
+   one ``take`` and each subtask's slice leaves as one Arrow IPC stream in one output row
+   ``(route, subtask, payload)``.
+2. **Shuffle in the JVM**: ``repartition(p, route)``. Spark hashes ``route`` with Murmur3
+   (``pmod(hash(route), p)``); :func:`route_values` picks, per subtask ``i``, an int whose
+   partition is ``i``, so partition ``i`` holds exactly subtask ``i``'s payloads.
+3. **Reduce side** (:func:`read_payloads`): the task of partition ``i`` reads its payloads back
+   into one Arrow table; :func:`group_by_key` orders it by key and finds each key's rows.
+
+Python objects per row exist only where the user's per-key function asks for them
+(:func:`rows_of`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ROUTE, SUBTASK, PAYLOAD = "_dstl_route", "_dstl_subtask", "_dstl_payload"
+
+_ROUTES: dict[int, tuple[int, ...]] = {}
+
+
+def route_values(spark: Any, parallelism: int) -> tuple[int, ...]:
+    """Per subtask ``i`` of ``parallelism``, an int that Spark's hash partitioning of an int
+    column into ``parallelism`` partitions sends to partition ``i`` (asked of Spark itself,
+    so it is Spark's Murmur3 whatever its version; cached per parallelism)."""
+    got = _ROUTES.get(parallelism)
+    if got is not None:
+        return got
+    found: dict[int, int] = {}
+    span = 16 * parallelism
+    start = 0
+    while len(found) < parallelism:
+        rows = spark.range(start, start + span).selectExpr(
+            "cast(id as int) v", f"pmod(hash(cast(id as int)), {parallelism}) p").collect()
+        for r in rows:
+            found.setdefault(int(r.p), int(r.v))
+        start += span
+        if start > 1 << 24:  # Murmur3 covers every partition long before this
+            raise RuntimeError(f"no route value found for every one of {parallelism} partitions")
+    out = tuple(found[i] for i in range(parallelism))
+    _ROUTES[parallelism] = out
+    return out
+
+
+def routed_schema() -> Any:
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+
+    return StructType([StructField(ROUTE, IntegerType(), False),
+                       StructField(SUBTASK, IntegerType(), False),
+                       StructField(PAYLOAD, BinaryType(), False)])
+
+
+def subtasks_of(keys: Any, max_parallelism: int, parallelism: int) -> Any:
+    """The subtask of every key of an Arrow array (numpy int32), hashing each distinct key
+    once: Flink's operator index for the key's key group (the inverse of the range split)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from dstl_ray.keygroups import stable_hash
+
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    enc = pc.dictionary_encode(keys, null_encoding="encode")
+    per_key = np.fromiter(
+        ((stable_hash(k) % max_parallelism) * parallelism // max_parallelism
+         for k in enc.dictionary.to_pylist()), dtype=np.int32, count=len(enc.dictionary))
+    return per_key[enc.indices.to_numpy(zero_copy_only=False)]
+
+
+def _ipc(batch: Any) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[int]
+             ) -> Any:
+    """The ``mapInArrow`` function of step 1 (a closure shipped to the executors)."""
+    routes = tuple(routes)
+
+    def split(batches: Iterable[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            sub = subtasks_of(b.column(key), max_parallelism, parallelism)
+            order = np.argsort(sub, kind="stable")
+            counts = np.bincount(sub, minlength=parallelism)
+            ordered = b.take(pa.array(order))
+            rs, ss, ps = [], [], []
+            off = 0
+            for s in np.flatnonzero(counts):
+                c = int(counts[s])
+                rs.append(routes[s])
+                ss.append(int(s))
+                ps.append(_ipc(ordered.slice(off, c)))
+                off += c
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(rs, pa.int32()), pa.array(ss, pa.int32()), pa.array(ps, pa.binary())],
+                names=[ROUTE, SUBTASK, PAYLOAD])
+
+    return split
+
+
+def route(df: Any, key: str, max_parallelism: int, parallelism: int) -> Any:
+    """Steps 1 and 2: ``df``'s rows as Arrow payloads, partition ``i`` holding subtask ``i``'s."""
+    from pyspark.sql.functions import col
+
+    if key not in df.columns:
+        from dstl_ray.errors import ConfigError
+
+        raise ConfigError(f"key column {key!r} is not in the micro-batch's columns "
+                          f"{df.columns}")
+    routes = route_values(df.sparkSession, parallelism)
+    return (df.mapInArrow(splitter(key, max_parallelism, parallelism, routes), routed_schema())
+            .repartition(parallelism, col(ROUTE)))
+
+
+def read_payloads(index: int, rows: Iterable[Any]) -> Any:
+    """Step 3: the Arrow table of one subtask's payload rows (None when it got no rows). A row
+    of another subtask means Spark did not partition as :func:`route_values` found: fail loudly
+    rather than apply a key to a subtask that does not own its key group."""
+    import pyarrow as pa
+
+    tables = []
+    for r in rows:
+        if r[1] != index:
+            raise RuntimeError(f"subtask {index} was sent a payload of subtask {r[1]}: Spark's "
+                               f"hash partitioning did not keep the route")
+        tables.append(pa.ipc.open_stream(r[2]).read_all())
+    if not tables:
+        return None
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 \
+        else tables[0]
+
+
+@dataclass(frozen=True)
+class Groups:
+    """One subtask's rows ordered by key: key ``keys[i]``'s rows are
+    ``table[offsets[i]:offsets[i + 1]]``."""
+
+    table: Any  # pyarrow.Table
+    keys: list[Any]
+    offsets: Any  # numpy int64, len(keys) + 1
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.table is None else self.table.num_rows
+
+
+EMPTY = Groups(None, [], None)
+
+
+def group_by_key(table: Any, key: str) -> Groups:
+    """The rows of ``table`` ordered by key (first-seen order of the keys; within a key, the
+    rows keep their order)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table is None or table.num_rows == 0:
+        return EMPTY
+    keys = table.column(key).combine_chunks()
+    enc = pc.dictionary_encode(keys, null_encoding="encode")
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    order = np.argsort(idx, kind="stable")
+    counts = np.bincount(idx, minlength=len(enc.dictionary))
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return Groups(table.take(pa.array(order)), enc.dictionary.to_pylist(), offsets)
+
+
+def rows_of(table: Any) -> list[Any]:
+    """``table``'s rows as ``pyspark.sql.Row`` objects (what ``df.rdd`` would have given, by
+    name or position), for the per-key update API."""
+    from pyspark.sql import Row
+
+    if table is None or table.num_rows == 0:
+        return []
+    make = Row(*table.column_names)
+    return [make(*t) for t in zip(*(c.to_pylist() for c in table.columns), strict=True)]

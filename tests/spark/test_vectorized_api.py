@@ -1,0 +1,73 @@
+"""The vectorized (pandas) update API on RayDP over several Ray nodes, micro-batch by
+micro-batch: its state equals a batch recomputation, also after an empty micro-batch and a
+task that fails half-way and is retried; the sink gets the outputs as a Spark DataFrame of
+the given schema; and the per-key API on the same batches leaves the same state."""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+from pyspark import cloudpickle
+
+from spark_glue import KeyedStatefulOperator
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SCHEMA = "user STRING, amount LONG"
+OUT = "user STRING, count LONG, sum LONG"
+
+
+def vectorized(keys, rows, state):
+    """Per-user count and sum; the first attempt of the task holding u7 fails after it wrote
+    the counts (every batch)."""
+    from pyspark import TaskContext
+
+    agg = rows.groupby("user", sort=False)["amount"].agg(["size", "sum"])
+    count = state.value("count").get(0) + agg["size"].to_numpy()
+    state.value("count").set(count)
+    if "u7" in keys and TaskContext.get().attemptNumber() == 0:
+        raise RuntimeError("injected failure after a state write, on the first attempt")
+    total = state.value("sum").get(0) + agg["sum"].to_numpy()
+    state.value("sum").set(total)
+    return pd.DataFrame({"user": keys, "count": count.to_numpy(), "sum": total.to_numpy()})
+
+
+def per_key(key, rows, state):
+    c, s = state.value("count"), state.value("sum")
+    c.set(c.get(0) + len(rows))
+    s.set(s.get(0) + sum(r["amount"] for r in rows))
+
+
+def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_factory,
+                                                                 namespace):
+    tree_factory(persist_delay_s=0.02)
+    batches = [[(f"u{(i * 7) % 40}", i % 13) for i in range(b * 300, b * 300 + 300)]
+               for b in range(3)]
+    batches.insert(1, [])  # an empty micro-batch: every subtask still checkpoints
+    sunk: dict[int, list] = {}
+    vec = KeyedStatefulOperator("vec", key="user", update=vectorized, api="pandas",
+                                output_schema=OUT, namespace=namespace, parallelism=3,
+                                max_parallelism=32, materialization_interval=0.0,
+                                sink=lambda b, out: sunk.__setitem__(b, out.collect()))
+    rows = KeyedStatefulOperator("vec-rows", key="user", update=per_key, namespace=namespace,
+                                 parallelism=3, max_parallelism=32,
+                                 materialization_interval=0.0)
+    want: dict[str, dict] = {"count": {}, "sum": {}}
+    try:
+        for b, data in enumerate(batches):
+            df = spark.createDataFrame(data, SCHEMA)
+            stats = vec.process_batch(df, b)
+            rows.process_batch(df, b)
+            for u, a in data:
+                want["count"][u] = want["count"].get(u, 0) + 1
+                want["sum"][u] = want["sum"].get(u, 0) + a
+            assert stats.rows == len(data)
+            assert stats.retries == (1 if data else 0)  # u7's task, failed half-way once
+        assert vec.state() == want == rows.state()
+        assert sorted(sunk) == [0, 1, 2, 3] and sunk[1] == []
+        last = {r["user"]: (r["count"], r["sum"]) for b in sorted(sunk) for r in sunk[b]}
+        assert last == {u: (c, want["sum"][u]) for u, c in want["count"].items()}
+    finally:
+        vec.close()
+        rows.close()

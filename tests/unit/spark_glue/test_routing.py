@@ -1,0 +1,80 @@
+"""The operator's Arrow data path (spark_glue.routing) without Spark: the map side's split by
+subtask agrees with the key groups, every row arrives exactly once, the reduce side groups
+rows by key in order, and a payload sent to the wrong subtask is refused."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_glue.routing import (
+    EMPTY,
+    PAYLOAD,
+    ROUTE,
+    SUBTASK,
+    group_by_key,
+    read_payloads,
+    rows_of,
+    splitter,
+    subtasks_of,
+)
+from spark_glue.worker import subtask_of
+
+MAXP = 128
+
+
+def _batch(keys: list, amounts: list[int] | None = None) -> pa.RecordBatch:
+    amounts = amounts if amounts is not None else list(range(len(keys)))
+    return pa.RecordBatch.from_pydict({"user": keys, "amount": amounts})
+
+
+@given(st.lists(st.one_of(st.text(max_size=6), st.none()), max_size=60),
+       st.integers(1, 9))
+@settings(max_examples=60, deadline=None)
+def test_subtasks_of_agrees_with_the_key_group_of_every_key(keys, p):
+    got = subtasks_of(pa.array(keys, pa.string()), MAXP, p).tolist()
+    assert got == [subtask_of(k, MAXP, p) for k in keys]
+
+
+@given(st.lists(st.integers(-50, 50), max_size=80), st.integers(1, 6))
+@settings(max_examples=60, deadline=None)
+def test_split_sends_every_row_once_to_its_subtask(keys, p):
+    routes = list(range(100, 100 + p))
+    out = list(splitter("user", MAXP, p, routes)([_batch(keys), _batch([])]))
+    seen = []
+    for rb in out:
+        assert rb.schema.names == [ROUTE, SUBTASK, PAYLOAD]
+        for r, s, payload in zip(*(c.to_pylist() for c in rb.columns), strict=True):
+            assert r == routes[s]
+            part = read_payloads(s, [(r, s, payload)])
+            for k, a in zip(part.column("user").to_pylist(), part.column("amount").to_pylist(),
+                            strict=True):
+                assert subtask_of(k, MAXP, p) == s
+                seen.append((k, a))
+    assert sorted(seen) == sorted(zip(keys, range(len(keys)), strict=True))
+
+
+def test_a_payload_of_another_subtask_is_refused():
+    (rb,) = splitter("user", MAXP, 2, [7, 9])([_batch(["a"])])
+    s = rb.column(1)[0].as_py()
+    with pytest.raises(RuntimeError, match=f"subtask {1 - s} was sent a payload of subtask {s}"):
+        read_payloads(1 - s, [tuple(c[0].as_py() for c in rb.columns)])
+
+
+def test_group_by_key_keeps_first_seen_key_order_and_row_order():
+    t = pa.table({"user": ["b", "a", "b", None, "a", "b"], "amount": [1, 2, 3, 4, 5, 6]})
+    g = group_by_key(t, "user")
+    assert g.keys == ["b", "a", None] and g.rows == 6
+    amounts = g.table.column("amount").to_pylist()
+    per_key = {k: amounts[g.offsets[i]:g.offsets[i + 1]] for i, k in enumerate(g.keys)}
+    assert per_key == {"b": [1, 3, 6], "a": [2, 5], None: [4]}
+    assert group_by_key(None, "user") is EMPTY and EMPTY.rows == 0
+    assert read_payloads(0, []) is None
+
+
+def test_rows_of_gives_rows_by_name_and_position():
+    rows = rows_of(pa.table({"user": ["a", "b"], "amount": [1, 2]}))
+    assert [r["amount"] for r in rows] == [1, 2] and rows[1].user == "b" and rows[0][0] == "a"
+    assert rows_of(None) == []
