@@ -6,8 +6,11 @@ tree on ``file://`` under ./demo-data, and runs a Structured Streaming pipeline 
 sums and amount histograms are kept by :class:`KeyedStatefulOperator`, one checkpoint per
 micro-batch, with periodic materialization. Half-way it kills the node actor that the most
 tasks used and a Spark executor, and measures how long until the next checkpoint completes.
-At the end the state of the last checkpoint, restored from storage, must equal a plain Spark
-batch recomputation over all input; the demo exits non-zero if it does not.
+Each user's events also form session windows (a gap of 3 s of event time closes one), closed
+by event-time timers (spark_glue.timers). At the end the state of the last checkpoint,
+restored from storage, must equal a plain Spark batch recomputation over all input, and the
+sessions emitted plus those still open must equal the offline sessions of all input; the
+demo exits non-zero if either does not.
 """
 
 from __future__ import annotations
@@ -29,9 +32,24 @@ from typing import Any
 from dstl_ray.plotting import pyplot
 
 from .pipeline import SCHEMA, count_and_sum, diff, recompute, write_event_file
+from .sessions import Sessions, check_sessions
 from .state_reader import read_state
 
 NS = "dstl_demo"
+T0_MS = 1_700_000_000_000  # event time of the first file; each file is one second later
+SESSION_GAP_MS, ALLOWED_DELAY_S = 3_000, 2.0
+SESSIONS = Sessions(SESSION_GAP_MS)
+
+
+def update(key: Any, rows: list[Any], state: Any) -> list[Any]:
+    """The demo's update: per-user totals (spark_glue.pipeline) and session windows."""
+    return ([("totals", *o) for o in count_and_sum(key, rows, state)]
+            + [("session", *o) for o in SESSIONS.update(key, rows, state)])
+
+
+def on_timer(key: Any, timer: Any, state: Any) -> list[Any]:
+    """A session's event-time timer fired: the session closes."""
+    return [("session", *o) for o in SESSIONS.on_timer(key, timer, state)]
 
 
 @contextlib.contextmanager
@@ -132,7 +150,8 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             tmp.write_text("\n".join(json.dumps(o) for o in outputs) + "\n")
             tmp.rename(out_dir / f"batch-{batch_id:06d}.jsonl")
 
-        op = KeyedStatefulOperator("demo-job", key="user", update=count_and_sum,
+        op = KeyedStatefulOperator("demo-job", key="user", update=update, on_timer=on_timer,
+                                   event_time="ts", allowed_delay=ALLOWED_DELAY_S,
                                    namespace=NS, parallelism=args.parallelism, max_parallelism=128,
                                    materialization_interval=args.materialization_interval,
                                    sink=sink,
@@ -142,11 +161,13 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
         def generate() -> None:
             i = 0
             while not stop.is_set():
-                produced[0] += write_event_file(src, i, args.events_per_file, args.users, 42)
+                produced[0] += write_event_file(src, i, args.events_per_file, args.users, 42,
+                                                event_time_ms=T0_MS + 1000 * i)
                 i += 1
                 stop.wait(args.file_interval)
 
-        write_event_file(src, 10**4, 1, args.users, 42)  # the source needs its folder
+        # the source needs its folder
+        write_event_file(src, 10**4, 1, args.users, 42, event_time_ms=T0_MS - 1000)
         gen = threading.Thread(target=generate, daemon=True, name="demo-events")
         gen.start()
         q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 4).json(str(src))
@@ -196,7 +217,10 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
         say("[demo] checking the last checkpoint's state against a batch recomputation")
         got = op.state()
         want = recompute(spark, src)
-        problems = diff(got, want)
+        problems = diff({name: got.get(name, {}) for name in want}, want)
+        say("[demo] checking the session windows against the offline sessions of all input")
+        sessions = _sessions(op, out_dir, src, got)
+        problems += sessions.pop("problems")
         say("[demo] reading the final state back as DataFrames (spark_glue.read_state)")
         read_back = {name: _read_back(spark, op, name) for name in ("count", "sum", "hist")}
         problems += [f"read_state({name!r}) differs from the operator's state"
@@ -222,6 +246,7 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             "recovery_s": round(recovery_s, 2) if recovery_s is not None else None,
             "state_matches_recomputation": not problems,
             "state_reader_rows": sum(len(v) for v in read_back.values()),
+            **sessions,
         }
         op.close()
         say("\n[demo] summary")
@@ -248,6 +273,30 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             stop_spark()
         ray.shutdown()
         cluster.shutdown()
+
+
+def _sessions(op: Any, out_dir: Path, src: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The session windows: those the sink got (the last output of every batch) and those
+    open in the state, against the offline sessions of every input event."""
+    emitted = [tuple(o[1:]) for o in _json_lines(out_dir.glob("batch-*.jsonl"))
+               if o[0] == "session"]
+    events = [(e["user"], e["ts"]) for e in _json_lines(src.glob("events-*.json"))]
+    snaps = op.coordinator.latest_checkpoint().metadata.snapshots
+    # the watermark every subtask had reached in the last batch (spark_glue.timers)
+    watermark = min(s.event_time_ms for s in snaps) - int(ALLOWED_DELAY_S * 1000)
+    problems = check_sessions(emitted, state.get("session", {}), events, SESSION_GAP_MS,
+                              watermark)
+    if len(emitted) != len(set(emitted)):
+        problems.append("a session was emitted twice")
+    return {"sessions_closed": len(emitted), "sessions_open": len(state.get("session", {})),
+            "sessions_match_offline": not problems, "problems": problems}
+
+
+def _json_lines(files: Any) -> Iterator[Any]:
+    for f in sorted(files):
+        for line in f.read_text().splitlines():
+            if line:
+                yield json.loads(line)
 
 
 def _read_back(spark: Any, op: Any, name: str) -> dict[Any, Any]:

@@ -38,36 +38,15 @@ from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
+from .replay import is_replay, snapshot_time
 from .stats import BatchHistory, BatchStats
+from .timers import TIMERS_STATE
 from .worker import TaskSpec, UpdateFn, run_partition
 
 log = logging.getLogger(__name__)
 
 Sink = Callable[[int, Any], None]
 APIS = ("rows", "pandas")
-
-
-def is_replay(job_id: str, batch_id: int, latest_id: int | None) -> bool:
-    """Whether micro-batch ``batch_id`` is Spark's replay of a batch whose checkpoint is
-    complete (``latest_id``: the latest complete checkpoint, None if there is none).
-
-    Spark runs batch n+1 only after writing batch n's commit log, so after a driver restart
-    it replays at most its LAST batch: the one whose checkpoint completed but whose commit
-    did not. That batch's id equals the latest checkpoint's. An older batch id means the
-    query is not the one that wrote these checkpoints (a new ``checkpointLocation`` with
-    an existing job id restarts the batch ids at 0); treating it as a replay would delete
-    every newer checkpoint, so it is a :class:`~dstl_ray.errors.ConfigError` (the job id and
-    the checkpoint location do not belong together; retrying cannot help).
-    """
-    if latest_id is None or batch_id > latest_id:
-        return False
-    if batch_id == latest_id:
-        return True
-    raise ConfigError(
-        f"job {job_id!r}: micro-batch {batch_id} is older than the latest complete checkpoint "
-        f"{latest_id}; Spark replays only its last batch, so this query's checkpointLocation "
-        f"did not write job {job_id!r}'s checkpoints. Nothing was deleted. Use a new job id "
-        f"for a new checkpointLocation, or restart with the job's old checkpointLocation")
 
 
 def ttl_spec(state_ttl: Mapping[str, StateTtlConfig | float] | None
@@ -83,6 +62,9 @@ def ttl_spec(state_ttl: Mapping[str, StateTtlConfig | float] | None
     for name, ttl in state_ttl.items():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"state_ttl: bad state name {name!r}")
+        if name == TIMERS_STATE:
+            raise ConfigError(f"state_ttl: {TIMERS_STATE!r} is the operator's timers, which "
+                              f"have no TTL")
         try:
             cfg = StateTtlConfig.of(ttl)
         except StateError as e:
@@ -134,7 +116,9 @@ class KeyedStatefulOperator:
                  history_limit: int | None = 1000,
                  state_ttl: Mapping[str, StateTtlConfig | float] | None = None,
                  state_backend: str = "heap", local_dir: str | None = None,
-                 api: str = "rows", output_schema: Any = None) -> None:
+                 api: str = "rows", output_schema: Any = None,
+                 on_timer: Callable[..., Any] | None = None, event_time: str | None = None,
+                 allowed_delay: float = 0.0) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -164,6 +148,16 @@ class KeyedStatefulOperator:
         if output_schema is not None and api != "pandas":
             raise ConfigError("output_schema is for api='pandas' (its outputs are DataFrames)")
         self.api, self.output_schema = api, output_schema
+        if on_timer is not None and not callable(on_timer):
+            raise ConfigError(f"on_timer must be callable, got {on_timer!r}")
+        if event_time is not None and (not isinstance(event_time, str) or not event_time):
+            raise ConfigError(f"event_time must be a column name, got {event_time!r}")
+        if isinstance(allowed_delay, bool) or not isinstance(allowed_delay, (int, float)) \
+                or not 0 <= allowed_delay < float("inf"):
+            raise ConfigError(f"allowed_delay must be seconds >= 0, got {allowed_delay!r}")
+        self.on_timer, self.event_time = on_timer, event_time
+        self.allowed_delay_ms = int(round(allowed_delay * 1000))
+        self._attempts: tuple[str, ...] = ()  # per subtask, the attempt the latest holds
         self._ttl_names_checked = False
         self.job_id = job_id
         self.key = key
@@ -210,6 +204,17 @@ class KeyedStatefulOperator:
                         "without a TTL", ", ".join(map(repr, unknown)),
                         ", ".join(map(repr, sorted(used))))
 
+    def _check_event_time(self, df: Any) -> None:
+        """The event-time column exists and holds timestamps or integer ms (checked here, so
+        a misnamed column fails the batch on the driver, not every task)."""
+        if self.event_time is None:
+            return
+        types = {f.name: f.dataType.typeName() for f in df.schema.fields}
+        kind = types.get(self.event_time)
+        if kind not in ("timestamp", "timestamp_ntz", "long", "integer", "short", "byte"):
+            raise ConfigError(f"event_time column {self.event_time!r} must be a timestamp or "
+                              f"integer ms; the micro-batch's columns are {types}")
+
     def parallelism(self, spark: Any) -> int:
         p = self._parallelism or int(spark.conf.get("spark.sql.shuffle.partitions"))
         if not 0 < p <= self.max_parallelism:
@@ -226,13 +231,19 @@ class KeyedStatefulOperator:
         cc = self.coordinator
         latest = cc.latest_checkpoint()
         replayed = is_replay(self.job_id, batch_id, latest.checkpoint_id if latest else None)
+        # the batch's processing time: a replay runs at the time its first run ran at, so
+        # its processing-time timers fire as they did then
+        now_ms = (snapshot_time(latest, "processing_time_ms") if replayed else None) \
+            or int(time.time() * 1000)
         if replayed:
             log.warning("batch %d is replayed (checkpoint %d complete): recomputing it from "
                         "the previous checkpoint", batch_id, latest.checkpoint_id)
             cc.drop_checkpoints_from(batch_id)
             self.epoch = uuid.uuid4().hex
+            self._attempts = ()
             latest = cc.latest_checkpoint()
         spark = self._spark or df.sparkSession
+        self._check_event_time(df)
         p = self.parallelism(spark)
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
@@ -242,7 +253,11 @@ class KeyedStatefulOperator:
                         caller_namespace=self.caller_namespace,
                         incarnation=str(cc.incarnation),
                         state_ttl=self.state_ttl, state_backend=self.state_backend,
-                        local_dir=self.local_dir, key=self.key, api=self.api)
+                        local_dir=self.local_dir, key=self.key, api=self.api,
+                        on_timer=self.on_timer, event_time=self.event_time,
+                        allowed_delay_ms=self.allowed_delay_ms,
+                        event_time_ms=snapshot_time(latest, "event_time_ms", max),
+                        now_ms=now_ms, attempts=self._attempts)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)
@@ -253,6 +268,7 @@ class KeyedStatefulOperator:
         except BaseException:
             self.epoch = uuid.uuid4().hex
             raise
+        self._attempts = tuple(r["attempt_id"] for r in results)
         self._check_ttl_names(snaps)
         outputs = self._outputs(results, spark)
         if self.sink is not None:
@@ -319,7 +335,7 @@ class KeyedStatefulOperator:
             return [o for r in results for o in r["outputs"]]
         from .vectorized import outputs_table
 
-        table = outputs_table(r["output_ipc"] for r in results)
+        table = outputs_table(p for r in results for p in r["output_ipc"])
         if self.output_schema is None:
             return None if table is None else table.to_pandas()
         if table is None:

@@ -12,15 +12,21 @@ SCHEMA = "user STRING, amount LONG"
 BUCKET = 25  # histogram bucket width of amounts
 
 
-def write_event_file(folder: Path, index: int, events: int, users: int, seed: int) -> int:
+def write_event_file(folder: Path, index: int, events: int, users: int, seed: int,
+                     event_time_ms: int | None = None) -> int:
     """Write ``events`` JSON events atomically as ``events-{index}.json`` (a file source only
-    sees complete files); returns the number written."""
+    sees complete files); returns the number written. With ``event_time_ms``, each event has
+    an event time ``ts`` (ms) in the second from there, the file's events in time order."""
     rng = random.Random(seed * 1_000_003 + index)
-    lines = [json.dumps({"user": f"u{rng.randrange(users)}", "amount": rng.randint(1, 100)})
-             for _ in range(events)]
+    evs = [{"user": f"u{rng.randrange(users)}", "amount": rng.randint(1, 100)}
+           for _ in range(events)]
+    if event_time_ms is not None:
+        for e, t in zip(evs, sorted(event_time_ms + rng.randrange(1000) for _ in evs),
+                        strict=True):
+            e["ts"] = t
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".events-{index:05d}.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
+    tmp.write_text("\n".join(json.dumps(e) for e in evs) + "\n")
     tmp.rename(folder / f"events-{index:05d}.json")
     return events
 

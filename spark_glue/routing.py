@@ -26,30 +26,40 @@ from typing import Any
 
 ROUTE, SUBTASK, PAYLOAD = "_dstl_route", "_dstl_subtask", "_dstl_payload"
 
-_ROUTES: dict[int, tuple[int, ...]] = {}
+_M32 = 0xFFFFFFFF
 
 
-def route_values(spark: Any, parallelism: int) -> tuple[int, ...]:
-    """Per subtask ``i`` of ``parallelism``, an int that Spark's hash partitioning of an int
-    column into ``parallelism`` partitions sends to partition ``i`` (asked of Spark itself,
-    so it is Spark's Murmur3 whatever its version; cached per parallelism)."""
-    got = _ROUTES.get(parallelism)
-    if got is not None:
-        return got
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def spark_hash_int(value: int, seed: int = 42) -> int:
+    """Spark SQL's ``hash()`` of an IntegerType value: Murmur3_x86_32 ``hashInt`` with seed
+    42, as a signed 32-bit int (what its hash partitioning reduces modulo the partitions)."""
+    k = (value & _M32) * 0xCC9E2D51 & _M32
+    k = _rotl(k, 15) * 0x1B873593 & _M32
+    h = _rotl(seed ^ k, 13)
+    h = (h * 5 + 0xE6546B64) & _M32
+    h ^= 4
+    h ^= h >> 16
+    h = h * 0x85EBCA6B & _M32
+    h ^= h >> 13
+    h = h * 0xC2B2AE35 & _M32
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def route_values(parallelism: int) -> tuple[int, ...]:
+    """Per subtask ``i`` of ``parallelism``, the smallest int that Spark's hash partitioning
+    of an int column into ``parallelism`` partitions (``pmod(hash(v), parallelism)``) sends
+    to partition ``i``. Computed here, without a Spark job; a Spark test checks it against
+    Spark's own ``hash``."""
     found: dict[int, int] = {}
-    span = 16 * parallelism
-    start = 0
+    v = 0
     while len(found) < parallelism:
-        rows = spark.range(start, start + span).selectExpr(
-            "cast(id as int) v", f"pmod(hash(cast(id as int)), {parallelism}) p").collect()
-        for r in rows:
-            found.setdefault(int(r.p), int(r.v))
-        start += span
-        if start > 1 << 24:  # Murmur3 covers every partition long before this
-            raise RuntimeError(f"no route value found for every one of {parallelism} partitions")
-    out = tuple(found[i] for i in range(parallelism))
-    _ROUTES[parallelism] = out
-    return out
+        found.setdefault(spark_hash_int(v) % parallelism, v)
+        v += 1
+    return tuple(found[i] for i in range(parallelism))
 
 
 def routed_schema() -> Any:
@@ -127,7 +137,7 @@ def route(df: Any, key: str, max_parallelism: int, parallelism: int) -> Any:
 
         raise ConfigError(f"key column {key!r} is not in the micro-batch's columns "
                           f"{df.columns}")
-    routes = route_values(df.sparkSession, parallelism)
+    routes = route_values(parallelism)
     return (df.mapInArrow(splitter(key, max_parallelism, parallelism, routes), routed_schema())
             .repartition(parallelism, col(ROUTE)))
 

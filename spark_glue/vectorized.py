@@ -7,7 +7,7 @@ the whole budget at a million keys), this API calls it once per subtask and micr
 every key the subtask got, so the work is pandas' own vectorized group-by:
 
 >>> def count_and_sum(keys, rows, state):                             # doctest: +SKIP
-...     agg = rows.groupby("user", sort=False)["amount"].agg(["size", "sum"])
+...     agg = rows.groupby("user", sort=False, dropna=False)["amount"].agg(["size", "sum"])
 ...     count = state.value("count").get(0) + agg["size"].to_numpy()
 ...     total = state.value("sum").get(0) + agg["sum"].to_numpy()
 ...     state.value("count").set(count)
@@ -15,10 +15,11 @@ every key the subtask got, so the work is pandas' own vectorized group-by:
 ...     return pd.DataFrame({"user": keys, "count": count, "sum": total})
 
 ``keys`` is a pandas Index of the distinct keys, ``rows`` the DataFrame of their rows ordered
-by key (so ``rows.groupby(key, sort=False)`` lists groups in ``keys`` order), and ``state`` a
-:class:`KeyedStates`: ``state.value(name).get(default)`` is a Series of every key's value
-(index ``keys``) and ``.set(values)`` writes one value per key (a Series is aligned on its
-index; None or NaN clears a key's value). Lists and maps are per key:
+by key (so ``rows.groupby(key, sort=False, dropna=False)`` lists groups in ``keys``
+order), and ``state`` a :class:`KeyedStates`: ``state.value(name).get(default)`` is a
+Series of every key's value (index ``keys``) and ``.set(values)`` writes one value per key
+(a Series indexed by the keys is aligned on its index, anything else is in ``keys`` order;
+None clears a key's value). Lists and maps are per key:
 ``state.key(k).list(name)`` is the per-key API's view. TTL works as in the per-key API.
 """
 
@@ -31,7 +32,8 @@ from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .routing import Groups
-from .views import KeyedState
+from .timers import TimerContext
+from .views import KeyedState, check_state_name
 
 
 class ColumnValue:
@@ -48,76 +50,90 @@ class ColumnValue:
         return pd.Series(self._s.values_at(self._refs, default), index=self._keys)
 
     def set(self, values: Any) -> None:
-        """One value per key: a Series is aligned on its index (keys it lacks are cleared),
-        anything else (array, list) is positional. None or NaN clears a key's value."""
+        """One value per key: a Series indexed by exactly the keys (any order) is aligned on
+        its index, anything else (array, list, a Series on another index) must be in
+        ``keys`` order. None, pandas' NA and NaT clear a key's value; NaN is a float."""
         import numpy as np
         import pandas as pd
 
-        if isinstance(values, pd.Series):
-            values = values.reindex(self._keys)
-        elif np.isscalar(values) or values is None:
+        if np.isscalar(values) or values is None:
             raise StateError("set() takes one value per key (a Series, array or list); use "
                              "[v] * len(keys) for the same value everywhere")
-        arr = values.to_numpy(dtype=object) if isinstance(values, pd.Series) else values
-        if len(arr) != len(self._refs):
-            raise StateError(f"set() got {len(arr)} values for {len(self._refs)} keys")
-        py = arr.tolist() if hasattr(arr, "tolist") else list(arr)
-        self._s.update_at(self._refs, [_plain(v) for v in py])
+        if len(values) != len(self._refs):
+            raise StateError(f"set() got {len(values)} values for {len(self._refs)} keys")
+        if isinstance(values, pd.Series):
+            if not values.index.equals(self._keys):
+                if not (values.index.is_unique and set(values.index) == set(self._keys)):
+                    raise StateError("set() got a Series whose index is not the keys; pass "
+                                     "its .to_numpy() for values in keys order")
+                values = values.reindex(self._keys)
+            values = values.to_numpy(dtype=object)
+        py = values.tolist() if hasattr(values, "tolist") else list(values)
+        self._s.update_at(self._refs, [plain(v) for v in py])
 
     def clear(self) -> None:
         self._s.update_at(self._refs, [None] * len(self._refs))
 
 
-def _plain(v: Any) -> Any:
-    """A Python value the state serializer takes (numpy scalars become int/float/bool; NaN,
-    NaT and pandas' NA clear)."""
+def plain(v: Any) -> Any:
+    """``v`` as the state serializer takes it: numpy scalars and arrays become Python values
+    (inside lists and dicts too); pandas' NA and NaT become None."""
     import pandas as pd
 
-    if v is None:
+    if v is None or v is pd.NA or v is pd.NaT:
         return None
-    if hasattr(v, "item") and not isinstance(v, (list, dict, str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and v != v:
-        return None
-    if v is pd.NA or v is pd.NaT:
-        return None
+    if type(v) in (str, bytes, bool, int, float):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [plain(x) for x in v]
+    if isinstance(v, dict):
+        return {plain(k): plain(x) for k, x in v.items()}
+    if hasattr(v, "tolist"):  # numpy scalars (np.float64 and np.str_ too) and arrays
+        return plain(v.tolist())
     return v
 
 
 class KeyedStates:
-    """The states of every key of one vectorized call."""
+    """The states of every key of one vectorized call. ``keys`` is the pandas Index the
+    function sees; the states use the keys as the map side hashed them (``raw_keys``: the
+    Python values, so an int key stays an int even when pandas would make it a float)."""
 
-    def __init__(self, backend: Any, keys: Any, ttl: Mapping[str, StateTtlConfig]) -> None:
+    def __init__(self, backend: Any, keys: Any, ttl: Mapping[str, StateTtlConfig],
+                 timers: TimerContext | None = None, raw_keys: list[Any] | None = None
+                 ) -> None:
         self.keys = keys
-        self._b, self._ttl = backend, ttl
+        self._raw = raw_keys if raw_keys is not None else keys.tolist()
+        self._b, self._ttl, self._timers = backend, ttl, timers
         self._refs: list[tuple[int, bytes]] | None = None
         self._values: dict[str, ColumnValue] = {}
 
     def value(self, name: str) -> ColumnValue:
         v = self._values.get(name)
         if v is None:
+            check_state_name(name)
             state = self._b.value_state(name, self._ttl.get(name))
             if self._refs is None:
-                self._refs = state.refs(self.keys.tolist())
+                self._refs = state.refs(self._raw)
             v = self._values[name] = ColumnValue(state, self.keys, self._refs)
         return v
 
     def key(self, key: Any) -> KeyedState:
-        """The per-key API's view of one key's states (lists, maps)."""
-        return KeyedState(self._b, key, self._ttl)
+        """The per-key API's view of one key's states (lists, maps, timers)."""
+        return KeyedState(self._b, plain(key), self._ttl, self._timers)
 
 
 def apply_pandas(update: Any, groups: Groups, backend: Any,
-                 ttl: Mapping[str, StateTtlConfig]) -> bytes | None:
+                 ttl: Mapping[str, StateTtlConfig], timers: TimerContext | None = None
+                 ) -> bytes | None:
     """Call the vectorized ``update`` on one subtask's rows; its outputs as one Arrow IPC
     stream (None: no output)."""
     import pandas as pd
 
     if groups.rows == 0:
         return None
-    keys = pd.Index(groups.keys, tupleize_cols=False)
+    keys = pd.Index(groups.keys, dtype=object, tupleize_cols=False)
     rows = groups.table.to_pandas()
-    out = update(keys, rows, KeyedStates(backend, keys, ttl))
+    out = update(keys, rows, KeyedStates(backend, keys, ttl, timers, groups.keys))
     return outputs_to_ipc(out)
 
 
@@ -130,8 +146,8 @@ def outputs_to_ipc(out: Any) -> bytes | None:
     if out is None:
         return None
     parts = [out] if isinstance(out, (pd.DataFrame, pa.Table)) else list(_frames(out))
-    tables = [p if isinstance(p, pa.Table) else pa.Table.from_pandas(p, preserve_index=False)
-              for p in parts]
+    # an index other than a RangeIndex (a groupby's keys) stays a column
+    tables = [p if isinstance(p, pa.Table) else pa.Table.from_pandas(p) for p in parts]
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return None

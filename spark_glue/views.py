@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dstl_ray.errors import ConfigError
 from dstl_ray.state.backend import ChangelogKeyedStateBackend
 from dstl_ray.state.ttl import StateTtlConfig
+
+from .timers import TIMERS_STATE, KeyTimers, TimerContext
 
 
 class ValueView:
@@ -67,22 +70,43 @@ class MapView:
         self._s.clear(self._k)
 
 
+def check_state_name(name: str) -> None:
+    """Refuse the state name the operator keeps its timers under."""
+    if name == TIMERS_STATE:
+        raise ConfigError(f"state name {TIMERS_STATE!r} is the operator's timers; use "
+                          f"state.timers")
+
+
 class KeyedState:
     """The states of one key, handed to the user's update function. A state named in
     ``ttl`` (the operator's ``state_ttl``) expires as :mod:`dstl_ray.state.ttl` says:
-    writes refresh it, reads do not, and an expired entry reads as absent."""
+    writes refresh it, reads do not, and an expired entry reads as absent. ``timers`` is
+    the key's :class:`~spark_glue.timers.KeyTimers` when the operator has an ``on_timer``."""
 
     def __init__(self, backend: ChangelogKeyedStateBackend, key: Any,
-                 ttl: Mapping[str, StateTtlConfig] | None = None) -> None:
+                 ttl: Mapping[str, StateTtlConfig] | None = None,
+                 timers: TimerContext | None = None) -> None:
         self.key = key
         self._b = backend
         self._ttl = ttl or {}
+        self._timers = timers
 
     def value(self, name: str) -> ValueView:
-        return ValueView(self._b.value_state(name, self._ttl.get(name)), self.key)
+        return self._named(name, ValueView, self._b.value_state)
 
     def list(self, name: str) -> ListView:
-        return ListView(self._b.list_state(name, self._ttl.get(name)), self.key)
+        return self._named(name, ListView, self._b.list_state)
 
     def map(self, name: str) -> MapView:
-        return MapView(self._b.map_state(name, self._ttl.get(name)), self.key)
+        return self._named(name, MapView, self._b.map_state)
+
+    def _named(self, name: str, view: Any, get: Any) -> Any:
+        check_state_name(name)
+        return view(get(name, self._ttl.get(name)), self.key)
+
+    @property
+    def timers(self) -> KeyTimers:
+        if self._timers is None:
+            raise ConfigError("timers need the operator's on_timer= (the function a timer "
+                              "calls when it fires)")
+        return KeyTimers(self._timers, self.key)

@@ -12,10 +12,12 @@ that fails half-way marks its entry dirty, so no later task builds on half-appli
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +29,8 @@ from dstl_ray.state.ttl import StateTtlConfig
 
 from .placement import executor_id
 from .routing import Groups, group_by_key, read_payloads, rows_of
-from .vectorized import apply_pandas
+from .timers import TimerContext, TimerService, max_event_time_ms
+from .vectorized import apply_pandas, outputs_to_ipc
 from .views import KeyedState
 
 UpdateFn = Callable[[Any, list[Any], "KeyedState"], Iterable[Any] | None]
@@ -70,6 +73,17 @@ class TaskSpec:
     # (spark_glue.vectorized)
     key: str = ""
     api: str = "rows"
+    # timers (spark_glue.timers): the function a due timer calls, the event-time column,
+    # the watermark's allowed delay, and the largest event time of the restore checkpoint
+    on_timer: Callable[..., Any] | None = None
+    event_time: str | None = None
+    allowed_delay_ms: int = 0
+    event_time_ms: int | None = None
+    # the batch's processing time (ms), chosen by the driver (a replay reuses the original's)
+    now_ms: int = 0
+    # per subtask, the attempt whose snapshot the restore checkpoint holds (empty: unknown):
+    # a cached backend of another attempt of that batch (a duplicate task) is not trusted
+    attempts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -78,10 +92,15 @@ class _Entry:
     epoch: str
     holds: int | None  # the checkpoint id whose state the backend holds; None = dirty
     busy: bool = False  # handed to a task that has not finished yet (it may run in a thread)
+    timers: TimerService | None = None  # built from the backend's state on first use
+    attempt: str = ""  # the task attempt that left the state it holds
 
-    def usable(self, spec: TaskSpec) -> bool:
-        """Holds exactly the restore checkpoint's state, in the driver's current epoch."""
-        return self.epoch == spec.epoch and self.holds == spec.restore_id
+    def usable(self, spec: TaskSpec, index: int) -> bool:
+        """Holds exactly the restore checkpoint's state, in the driver's current epoch, left
+        by the attempt whose snapshot that checkpoint took."""
+        return (self.epoch == spec.epoch and self.holds == spec.restore_id
+                and (len(spec.attempts) != spec.parallelism
+                     or self.attempt == spec.attempts[index]))
 
     def dead_for(self, spec: TaskSpec) -> bool:
         """No task of ``spec``'s epoch can ever use this entry of another subtask, so it may be
@@ -154,7 +173,7 @@ def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
         stale = [k for k, x in _CACHE.entries.items() if k != key and k[:2] == key[:2]
                  and x.dead_for(spec)]
         dropped = [_CACHE.entries.pop(k) for k in stale]
-        reuse = e is not None and not retry and e.usable(spec)
+        reuse = e is not None and not retry and e.usable(spec, index)
         if reuse:
             e.holds, e.busy = None, True
         elif e is not None:
@@ -174,24 +193,59 @@ def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
     return e, restore_s
 
 
-def release(entry: _Entry, holds: int | None) -> None:
-    """The task using ``entry`` finished: it now holds checkpoint ``holds`` (None: the task
-    failed half-way, the entry stays dirty and is closed by a later task)."""
+def release(entry: _Entry, holds: int | None, attempt: str = "") -> None:
+    """The task attempt ``attempt`` using ``entry`` finished: it now holds checkpoint
+    ``holds`` (None: the task failed half-way, the entry stays dirty and is closed by a
+    later task)."""
     with _CACHE.lock:
-        entry.holds, entry.busy = holds, False
+        entry.holds, entry.busy, entry.attempt = holds, False, attempt
 
 
 def apply_rows(update: UpdateFn, groups: Groups, backend: ChangelogKeyedStateBackend,
-               ttl: Mapping[str, StateTtlConfig]) -> list[Any]:
+               ttl: Mapping[str, StateTtlConfig], timers: TimerContext | None = None
+               ) -> list[Any]:
     """The per-key API: ``update(key, rows, state)`` once per key, rows as ``Row`` objects."""
     rows = rows_of(groups.table)
     off = groups.offsets
     outputs: list[Any] = []
     for i, key in enumerate(groups.keys):
-        out = update(key, rows[off[i]:off[i + 1]], KeyedState(backend, key, ttl))
+        out = update(key, rows[off[i]:off[i + 1]], KeyedState(backend, key, ttl, timers))
         if out is not None:
             outputs.extend(out)
     return outputs
+
+
+def fire_timers(spec: TaskSpec, ctx: TimerContext, backend: ChangelogKeyedStateBackend,
+                ttl: Mapping[str, StateTtlConfig]) -> list[Any]:
+    """Call ``on_timer(key, timer, state)`` for every timer due in this batch, earliest
+    first; what the calls return, in order."""
+    outputs: list[Any] = []
+    for timer in ctx.service.due(ctx.watermark_ms, ctx.now_ms):
+        out = spec.on_timer(timer.key, timer, KeyedState(backend, timer.key, ttl, ctx))
+        if out is None:
+            continue
+        if spec.api == "pandas":
+            outputs.append(out)
+        else:
+            outputs.extend(out)
+    return outputs
+
+
+def timer_context(spec: TaskSpec, entry: _Entry, groups: Groups) -> tuple[TimerContext | None,
+                                                                          int | None]:
+    """This batch's timers of the subtask (None: the operator has no on_timer) and the
+    largest event time seen so far (the driver's, and this subtask's rows')."""
+    seen = spec.event_time_ms
+    if spec.event_time is not None:
+        mine = max_event_time_ms(groups.table, spec.event_time)
+        if mine is not None:
+            seen = mine if seen is None else max(seen, mine)
+    if spec.on_timer is None:
+        return None, seen
+    if entry.timers is None:
+        entry.timers = TimerService(entry.backend)
+    watermark = None if seen is None else seen - spec.allowed_delay_ms
+    return TimerContext(entry.timers, watermark, spec.now_ms), seen
 
 
 def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
@@ -206,6 +260,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
     # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
     stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
+    attempt = uuid.uuid4().hex
     groups = group_by_key(read_payloads(index, payloads), spec.key)
     t_read = time.perf_counter() - t0
     client = _client(spec)
@@ -213,23 +268,32 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     backend = entry.backend
     holds: int | None = None
     outputs: list[Any] = []
-    output_ipc: bytes | None = None
+    output_ipc: list[bytes | None] = []
     try:
         ttl = dict(spec.state_ttl)
+        timers, seen = timer_context(spec, entry, groups)
         if spec.api == "pandas":
-            output_ipc = apply_pandas(spec.update, groups, backend, ttl)
+            output_ipc = [apply_pandas(spec.update, groups, backend, ttl, timers)]
         else:
-            outputs = apply_rows(spec.update, groups, backend, ttl)
+            outputs = apply_rows(spec.update, groups, backend, ttl, timers)
+        if timers is not None:
+            fired = fire_timers(spec, timers, backend, ttl)
+            if spec.api == "pandas":
+                output_ipc.append(outputs_to_ipc(fired) if fired else None)
+            else:
+                outputs.extend(fired)
         t1 = time.perf_counter()
         backend.notify_checkpoint_subsumed(spec.subsumed_watermark)
         snap = backend.snapshot(checkpoint_id=spec.batch_id).result(
             timeout=spec.persist_timeout_s)
+        snap = dataclasses.replace(snap, event_time_ms=seen, processing_time_ms=spec.now_ms)
         t2 = time.perf_counter()
         holds = spec.batch_id
     finally:
-        release(entry, holds)
+        release(entry, holds, attempt)
     yield {
-        "index": index, "snapshot": json.dumps(snap.to_dict()), "outputs": outputs,
+        "index": index, "attempt_id": attempt, "snapshot": json.dumps(snap.to_dict()),
+        "outputs": outputs,
         "output_ipc": output_ipc, "rows": groups.rows, "keys": len(groups.keys),
         "attempt": attempt, "stage_attempt": stage_attempt, "read_s": t_read,
         "restore_s": restore_s, "apply_s": t1 - t0 - restore_s - t_read, "snapshot_s": t2 - t1,

@@ -148,12 +148,21 @@ class KeyedStateSnapshot:
     # FLIP-306 "DirectoryStateHandle": the subtask's directory of merged files, relative to
     # the job directory; its files belong to the subtask, the directory to the coordinator
     owned_dir: str | None = None
+    # the largest event time (ms since the epoch) the operator had seen when the subtask
+    # took this snapshot: where an event-time watermark resumes after a restart (Spark keeps
+    # its watermark in its offset log for the same reason); None: no event time
+    event_time_ms: int | None = None
+    # the processing time (ms) its micro-batch ran at: a replay of the batch runs at it again
+    processing_time_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"operator": self.operator_id, "key_groups": self.key_group_range.to_json(),
              "components": [c.to_dict() for c in self.components]}
         if self.owned_dir is not None:
             d["owned_dir"] = self.owned_dir
+        for name in ("event_time_ms", "processing_time_ms"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
         return d
 
     @classmethod
@@ -168,8 +177,12 @@ class KeyedStateSnapshot:
             owned = check_relative_path(owned)
             if not owned.startswith(SHARED_DIR + "/"):
                 raise HandleError(f"owned directory {show(owned)} is not under {SHARED_DIR}/")
+        times = [d.get(name) for name in ("event_time_ms", "processing_time_ms")]
+        for name, t in zip(("event_time_ms", "processing_time_ms"), times, strict=True):
+            if t is not None and (isinstance(t, bool) or not isinstance(t, int)):
+                raise HandleError(f"snapshot {name} must be an integer, got {t!r}")
         return cls(d["operator"], KeyGroupRange.from_json(d.get("key_groups")),
-                   tuple(component_from_dict(c, base_path) for c in comps), owned)
+                   tuple(component_from_dict(c, base_path) for c in comps), owned, *times)
 
     def files(self, base_path: str, own_dir: str) -> dict[str, str]:
         out: dict[str, str] = {}

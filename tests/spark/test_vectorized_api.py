@@ -11,6 +11,7 @@ import pandas as pd
 from pyspark import cloudpickle
 
 from spark_glue import KeyedStatefulOperator
+from spark_glue.routing import route_values
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -42,6 +43,11 @@ def per_key(key, rows, state):
 def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_factory,
                                                                  namespace):
     tree_factory(persist_delay_s=0.02)
+    # the route values computed in Python are the ones Spark's hash partitioning places
+    for p in range(1, 10):
+        got = spark.createDataFrame([(v,) for v in route_values(p)], "v INT").selectExpr(
+            f"pmod(hash(v), {p}) AS part").collect()
+        assert [r.part for r in got] == list(range(p))
     batches = [[(f"u{(i * 7) % 40}", i % 13) for i in range(b * 300, b * 300 + 300)]
                for b in range(3)]
     batches.insert(1, [])  # an empty micro-batch: every subtask still checkpoints

@@ -5,8 +5,10 @@ CheckpointCoordinator completes on real files (tests/spark covers the operator o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import time
 import uuid
 from typing import Any
 
@@ -66,6 +68,8 @@ class Driver:
         op.state_ttl = ()
         op.state_backend, op.local_dir = "heap", None
         op.api, op.output_schema = "rows", None
+        op.on_timer, op.event_time, op.allowed_delay_ms = None, None, 0
+        op._attempts = ()
         op._ttl_names_checked = False
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)
@@ -75,6 +79,7 @@ class Driver:
         self.op = op
         self.backend = self._backend(None)
         self.runs: list[int] = []
+        self.specs: list[Any] = []
 
     def _backend(self, restore: Any) -> d.ChangelogKeyedStateBackend:
         sources = assign_sources(restore, "op", 1)[0] if restore else []
@@ -89,8 +94,11 @@ class Driver:
             self.backend = self._backend(self.op.coordinator.latest_checkpoint())
         self.backend.value_state("v").update("k", spec.batch_id)
         snap = self.backend.snapshot(checkpoint_id=spec.batch_id).result(timeout=30)
+        snap = dataclasses.replace(snap, processing_time_ms=spec.now_ms)  # as run_partition
+        self.specs.append(spec)
         self.backend_holds = spec.batch_id
-        return [{"index": 0, "snapshot": json.dumps(snap.to_dict()), "outputs": [],
+        return [{"index": 0, "attempt_id": "a", "snapshot": json.dumps(snap.to_dict()),
+                 "outputs": [],
                  "rows": 1, "keys": 1, "attempt": 0, "stage_attempt": 0, "restore_s": 0.0,
                  "apply_s": 0.0, "snapshot_s": 0.0, "node": "", "chosen_by": "",
                  "raylet_pid": "", "executor": ""}]
@@ -133,8 +141,12 @@ def test_the_last_batch_is_replayed_from_the_checkpoint_before_it(tmp_path):
     for b in range(3):
         drv.op.process_batch(None, b)
     epoch = drv.op.epoch
+    time.sleep(0.01)
     st = drv.op.process_batch(None, 2)
     assert st.replayed and drv.op.epoch != epoch
+    # the replay runs at the processing time of the run it replays (its timers fire alike)
+    assert drv.specs[-1].now_ms == drv.specs[2].now_ms and drv.specs[2].now_ms > 0
+    assert drv.specs[-1].attempts == () and drv.specs[2].attempts == ("a",)
     assert [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()] == [0, 1, 2]
     assert drv.op.state() == {"v": {"k": 2}}
     drv.close()

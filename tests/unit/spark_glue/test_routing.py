@@ -16,7 +16,9 @@ from spark_glue.routing import (
     SUBTASK,
     group_by_key,
     read_payloads,
+    route_values,
     rows_of,
+    spark_hash_int,
     splitter,
     subtasks_of,
 )
@@ -78,3 +80,14 @@ def test_rows_of_gives_rows_by_name_and_position():
     rows = rows_of(pa.table({"user": ["a", "b"], "amount": [1, 2]}))
     assert [r["amount"] for r in rows] == [1, 2] and rows[1].user == "b" and rows[0][0] == "a"
     assert rows_of(None) == []
+
+
+def test_route_values_follow_sparks_murmur3_hash_partitioning():
+    # seen on Spark 3.5.7: SELECT hash(0) and the first ints per partition of 4
+    # (tests/spark/test_vectorized_api.py checks every parallelism up to 9 against Spark)
+    assert spark_hash_int(0) == 933211791
+    assert route_values(4) == (12, 6, 2, 0)
+    for p in range(1, 20):
+        routes = route_values(p)
+        assert [spark_hash_int(v) % p for v in routes] == list(range(p))
+        assert len(set(routes)) == p

@@ -36,7 +36,7 @@ def per_key(key, rows, state):
 
 
 def vectorized(keys, rows, state):
-    agg = rows.groupby("user", sort=False)["amount"].agg(["size", "sum"])
+    agg = rows.groupby("user", sort=False, dropna=False)["amount"].agg(["size", "sum"])
     count = state.value("count").get(0) + agg["size"].to_numpy()
     total = state.value("sum").get(0) + agg["sum"].to_numpy()
     state.value("count").set(count)
@@ -69,29 +69,47 @@ def test_a_columnar_update_leaves_the_state_and_changelog_of_the_per_key_api():
         vec_b.close()
 
 
-def test_set_aligns_series_clears_on_none_and_nan_and_checks_lengths():
+def test_set_aligns_series_on_the_keys_clears_on_none_and_checks_lengths():
     b = backend()
     try:
-        keys = pd.Index(["x", "y", "z"])
+        keys = pd.Index(["x", "y", "z"], dtype=object)
         st = KeyedStates(b, keys, {})
         st.value("v").set([1, 2, 3])
         assert st.value("v").get().tolist() == [1, 2, 3]
-        st.value("v").set(pd.Series({"z": 30, "x": 10}))  # y is not in the index: cleared
-        assert b.value_state("v").value("y") is None
-        assert st.value("v").get(-1).tolist() == [10, -1, 30]
-        st.value("v").set(np.array([1.5, np.nan, 2.5]))
-        assert st.value("v").get().tolist()[::2] == [1.5, 2.5]
-        assert b.value_state("v").value("y") is None
-        st.value("v").set(pd.array([1, pd.NA, 3], dtype="Int64"))
+        st.value("v").set(pd.Series({"z": 30, "x": 10, "y": 20}))  # aligned on the keys
+        assert st.value("v").get(-1).tolist() == [10, 20, 30]
+        with pytest.raises(StateError, match="index is not the keys"):
+            st.value("v").set(pd.Series([1, 2, 3]))  # a RangeIndex: refused, not shifted
+        with pytest.raises(StateError, match="2 values for 3 keys"):
+            st.value("v").set(pd.Series({"z": 30, "x": 10}))
+        st.value("v").set(np.array([1.5, np.nan, 2.5]))  # NaN is a float value
+        assert b.value_state("v").value("y") != b.value_state("v").value("y")
+        st.value("v").set(pd.array([1, pd.NA, 3], dtype="Int64"))  # NA clears
         assert [b.value_state("v").value(k) for k in "xyz"] == [1, None, 3]
+        st.value("v").set([np.arange(2), [np.int64(4)], {"a": np.float32(0.5)}])
+        assert [b.value_state("v").value(k) for k in "xyz"] == [[0, 1], [4], {"a": 0.5}]
         with pytest.raises(StateError, match="2 values for 3 keys"):
             st.value("v").set([1, 2])
         with pytest.raises(StateError, match="one value per key"):
             st.value("v").set(5)
         st.value("v").clear()
         assert b.dump().get("v", {}) == {}
-        st.key("x").list("l").add("e")  # lists and maps per key
+        st.key(np.str_("x")).list("l").add("e")  # lists and maps per key
         assert b.list_state("l").get("x") == ["e"]
+        with pytest.raises(ConfigError, match="operator's timers"):
+            st.value("_timers")
+    finally:
+        b.close()
+
+
+def test_int_and_null_keys_are_stored_as_the_map_side_hashed_them():
+    """pandas would make [1, None] floats; the states keep the keys' Python values."""
+    b = backend()
+    try:
+        t = pa.table({"user": pa.array([1, None, 1, 5], pa.int64()), "amount": [1, 2, 3, 4]})
+        out = outputs_table([apply_pandas(vectorized, group_by_key(t, "user"), b, {})])
+        assert b.dump()["count"] == {1: 2, None: 1, 5: 1}
+        assert out.column("user").to_pylist() == [1, None, 5]
     finally:
         b.close()
 
@@ -114,7 +132,10 @@ def test_ttl_by_the_column_never_returns_expired_values_and_writes_refresh():
 
 def test_outputs_of_every_shape_and_bad_returns():
     df = pd.DataFrame({"k": ["a"], "n": [1]})
-    for out in (df, pa.Table.from_pandas(df), [df, df.iloc[:0]], iter([df])):
+    by_key = df.groupby("k").sum()  # the key is the index: it stays a column
+    assert outputs_table([outputs_to_ipc(by_key)]).column("k").to_pylist() == ["a"]
+    for out in (df, pa.Table.from_pandas(df, preserve_index=False), [df, df.iloc[:0]],
+                iter([df])):
         t = outputs_table([outputs_to_ipc(out), None])
         assert t.column("k").to_pylist() == ["a"]
     assert outputs_to_ipc(None) is None and outputs_table([None]) is None

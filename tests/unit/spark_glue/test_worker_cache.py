@@ -117,3 +117,22 @@ def test_retry_and_stale_own_entry_restore(client, fresh_cache):
     a2, r = run(spec(2, 0, epoch="e2"), 0, client)  # a replay in a new epoch
     assert a2.backend is not a1.backend and closed(a1) and r > 0
     assert len(fresh_cache.entries) == 1
+
+
+def test_a_backend_left_by_another_attempt_of_the_batch_is_not_trusted(client):
+    """Two attempts of subtask 0 ran batch 1 (a duplicate task); the checkpoint took the
+    other one's snapshot, so this process's backend may differ: restore."""
+    s1 = spec(1, 0)
+    e, _ = backend_for(s1, 0, False, client)
+    release(e, 1, "attempt-here")
+    s2 = TaskSpec(JOB, "op", "ns", "", 2, 8, None, lambda k, rows, s: None, 2, "e1", 1, None,
+                  attempts=("attempt-elsewhere", "x"))
+    again, _ = backend_for(s2, 0, False, client)
+    assert again is not e and closed(e)
+    release(again, None)
+    e3, _ = backend_for(spec(1, 0), 1, False, client)
+    release(e3, 1, "mine")
+    s3 = TaskSpec(JOB, "op", "ns", "", 2, 8, None, lambda k, rows, s: None, 2, "e1", 1, None,
+                  attempts=("x", "mine"))
+    same, _ = backend_for(s3, 1, False, client)
+    assert same is e3

@@ -1,0 +1,220 @@
+"""Timers per key for the stateful operator: processing time and event time (Flink's
+TimerService; Spark's transformWithState timers and GroupState timeouts are the models).
+
+A timer is a (key, domain, time) triple, time in milliseconds since the epoch. Timers ARE
+keyed state: they live in the map state :data:`TIMERS_STATE` of their key (user key
+``[domain, time]``), so every change to them is in the changelog, every checkpoint holds
+them, and restore and rescaling move them with their key group like any other state. The
+subtask's :class:`TimerService` keeps an in-memory heap over them only as an index: built by
+one scan when the subtask's backend is restored, pushed to on registration, and checked
+against the state when popped (a deleted or already fired timer is skipped).
+
+When they fire: in each micro-batch, after the update function has seen the batch's rows,
+every timer due fires, in time order, with its key's state: an event-time timer when the
+watermark has reached its time, a processing-time timer when the wall clock has. The
+watermark is the largest event time seen so far (by the operator up to the previous batch,
+and by this subtask in this batch) minus ``allowed_delay``; the largest event time is part
+of every checkpoint, so the watermark never goes back after a restart. A timer registered
+while timers fire fires in the same batch if it is due too. Firing removes it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import math
+import numbers
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dstl_ray.errors import StateError
+
+TIMERS_STATE = "_timers"
+EVENT, PROCESSING = "event", "processing"
+
+
+@dataclass(frozen=True, order=True)
+class Timer:
+    """A timer that fired: its time (ms since the epoch), its domain, its key."""
+
+    time_ms: int
+    domain: str
+    key: Any
+
+
+def _ms(value: Any) -> int:
+    """A timer or event time in ms since the epoch: a number (ms; numpy's too), or a datetime
+    (a naive one is UTC, as Spark's TimestampNTZ values are read for the watermark)."""
+    if isinstance(value, bool):
+        raise StateError(f"a time must be ms since the epoch or a datetime, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return int(round(float(value)))
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return int(round(value.timestamp() * 1000))
+    raise StateError(f"a time must be ms since the epoch or a datetime, got {value!r}")
+
+
+def _entry(domain: str, t: int) -> str:
+    """A timer's user key in :data:`TIMERS_STATE`: ``"event:<ms>"`` or ``"processing:<ms>"``."""
+    return f"{domain}:{t}"
+
+
+def _parse(entry: Any) -> tuple[str, int]:
+    domain, _, t = str(entry).partition(":")
+    if domain not in (EVENT, PROCESSING) or not t.lstrip("-").isdigit():
+        raise StateError(f"malformed timer entry {entry!r} in state {TIMERS_STATE!r}")
+    return domain, int(t)
+
+
+class TimerService:
+    """The timers of one subtask (one backend): registration, deletion, and firing.
+
+    ``live`` mirrors the timers in state, so firing checks membership without a state read,
+    and the heaps are compacted when deleted timers' entries outnumber the live ones (a
+    timer pushed ahead on every event deletes one and registers one)."""
+
+    # firings of one pass beyond which timers re-registering at or before the current time
+    # are taken for an endless loop
+    MAX_FIRINGS_PER_PASS = 1_000_000
+
+    def __init__(self, backend: Any) -> None:
+        self._state = backend.map_state(TIMERS_STATE)
+        self._heaps: dict[str, list[tuple[int, int, Any]]] = {EVENT: [], PROCESSING: []}
+        self._live: set[tuple[str, int, Any]] = set()
+        self._seq = 0  # heap tiebreak: keys need not be comparable
+        for key in list(self._state.keys()):  # the index, rebuilt from state
+            for entry in self._state.items(key):
+                domain, t = _parse(entry)
+                self._live.add((domain, t, key))
+                self._push(key, domain, t)
+
+    def _push(self, key: Any, domain: str, t: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heaps[domain], (t, self._seq, key))
+
+    def register(self, key: Any, domain: str, time: Any) -> None:
+        t = _ms(time)
+        if (domain, t, key) not in self._live:
+            self._state.put(key, _entry(domain, t), 1)
+            self._live.add((domain, t, key))
+            self._push(key, domain, t)
+
+    def delete(self, key: Any, domain: str, time: Any) -> None:
+        t = _ms(time)
+        if (domain, t, key) in self._live:
+            self._state.remove(key, _entry(domain, t))
+            self._live.discard((domain, t, key))
+            if self.pending() > 2 * len(self._live) + 1024:
+                self._compact()
+
+    def _compact(self) -> None:
+        for domain, heap in self._heaps.items():
+            heap[:] = [e for e in heap if (domain, e[0], e[2]) in self._live]
+            heapq.heapify(heap)
+
+    def of(self, key: Any) -> list[tuple[str, int]]:
+        """The key's timers, (domain, time) in time order."""
+        return sorted((_parse(e) for e in self._state.items(key)), key=lambda x: (x[1], x[0]))
+
+    def pending(self) -> int:
+        """Heap entries (at least the live timers; deleted ones leave theirs until the heaps
+        are compacted)."""
+        return sum(len(h) for h in self._heaps.values())
+
+    def live(self) -> int:
+        return len(self._live)
+
+    def due(self, watermark_ms: int | None, now_ms: int) -> Iterator[Timer]:
+        """Every timer due at ``watermark_ms`` (event time; None: none is) and ``now_ms``
+        (processing time), earliest first, each removed from state as it is yielded (timers
+        registered meanwhile are included when due)."""
+        limits = {EVENT: watermark_ms, PROCESSING: now_ms}
+        fired = 0
+        while True:
+            tops = [(h[0][0], d) for d, h in self._heaps.items()
+                    if h and limits[d] is not None and h[0][0] <= limits[d]]
+            if not tops:
+                return
+            t, domain = min(tops)
+            _t, _seq, key = heapq.heappop(self._heaps[domain])
+            if (domain, t, key) not in self._live:
+                continue  # deleted, or a second heap entry of a timer that fired
+            fired += 1
+            if fired > self.MAX_FIRINGS_PER_PASS:
+                raise StateError(f"more than {self.MAX_FIRINGS_PER_PASS} timers fired in one "
+                                 f"micro-batch (key {key!r} at {t}): does on_timer register "
+                                 f"a timer at or before the time that fired it?")
+            self._state.remove(key, _entry(domain, t))
+            self._live.discard((domain, t, key))
+            yield Timer(t, domain, key)
+
+
+@dataclass(frozen=True)
+class TimerContext:
+    """What a key's timer view needs: the subtask's service and this batch's times."""
+
+    service: TimerService
+    watermark_ms: int | None
+    now_ms: int
+
+
+class KeyTimers:
+    """The timers of the current key (``state.timers`` in an update or on_timer function)."""
+
+    def __init__(self, ctx: TimerContext, key: Any) -> None:
+        self._ctx, self._key = ctx, key
+
+    @property
+    def watermark(self) -> int | None:
+        """The event-time watermark of this batch in ms (None: no event time yet)."""
+        return self._ctx.watermark_ms
+
+    @property
+    def now(self) -> int:
+        """The processing time of this batch, in ms since the epoch."""
+        return self._ctx.now_ms
+
+    def register_event_time(self, time: Any) -> None:
+        self._ctx.service.register(self._key, EVENT, time)
+
+    def register_processing_time(self, time: Any) -> None:
+        self._ctx.service.register(self._key, PROCESSING, time)
+
+    def delete_event_time(self, time: Any) -> None:
+        self._ctx.service.delete(self._key, EVENT, time)
+
+    def delete_processing_time(self, time: Any) -> None:
+        self._ctx.service.delete(self._key, PROCESSING, time)
+
+    def list(self) -> list[tuple[str, int]]:
+        """This key's pending timers, (domain, time ms), earliest first."""
+        return self._ctx.service.of(self._key)
+
+
+def max_event_time_ms(table: Any, column: str) -> int | None:
+    """The largest event time in ``table``'s ``column`` in ms since the epoch (None: no rows
+    or only nulls): a timestamp column, or integers taken as ms since the epoch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table is None or table.num_rows == 0:
+        return None
+    if column not in table.column_names:
+        raise StateError(f"event_time column {column!r} is not in the micro-batch's columns "
+                         f"{table.column_names}")
+    col = table.column(column)
+    m = pc.max(col)
+    if not m.is_valid:
+        return None
+    if pa.types.is_timestamp(col.type):
+        per_ms = {"s": 1e-3, "ms": 1, "us": 1000, "ns": 1_000_000}[col.type.unit]
+        return int(m.value // per_ms) if per_ms >= 1 else int(m.value * 1000)
+    if pa.types.is_integer(col.type):
+        return int(m.as_py())
+    raise StateError(f"event_time column {column!r} must be a timestamp or integer ms, got "
+                     f"{col.type}")

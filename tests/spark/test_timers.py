@@ -1,0 +1,105 @@
+"""Timers in micro-batches on RayDP over several Ray nodes: session windows closed by
+event-time timers, and a processing-time timer per key and batch, through an executor kill
+and a driver restart between checkpoint completion and Spark's commit. The sessions emitted
+plus those still open must be exactly the offline sessions of all input, every session the
+watermark passed must have been emitted, and the timers left in state are exactly the open
+sessions' ones."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from pyspark import cloudpickle
+
+from spark_glue import KeyedStatefulOperator
+from spark_glue.session import kill_executor
+from spark_glue.sessions import SCHEMA, Sessions, check_sessions, write_session_file
+from spark_glue.timers import PROCESSING, TIMERS_STATE
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+GAP, SPAN, DELAY_S, T0 = 20_000, 60_000, 5.0, 1_700_000_000_000
+SESSIONS = Sessions(GAP)
+
+
+def update(key, rows, state):
+    """Sessions, and a processing-time timer due at once: it counts the batches of a key."""
+    state.timers.register_processing_time(state.timers.now)
+    return SESSIONS.update(key, rows, state)
+
+
+def on_timer(key, timer, state):
+    if timer.domain == PROCESSING:
+        ticks = state.value("ticks")
+        ticks.set(ticks.get(0) + 1)
+        return []
+    return SESSIONS.on_timer(key, timer, state)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_session_windows_survive_an_executor_kill_and_a_driver_restart(spark, tree_factory,
+                                                                      namespace, tmp_path):
+    tree_factory(persist_delay_s=0.02)
+    src, chk = tmp_path / "in", tmp_path / "chk"
+    files = [write_session_file(src, i, 120, 25, T0 + i * SPAN, SPAN, seed=5) for i in range(3)]
+    sunk: dict[int, list] = {}
+    crashed: list[int] = []
+
+    def sink(batch_id, out):
+        sunk[batch_id] = out  # idempotent by batch id: a replay overwrites
+        if batch_id == 1:
+            assert kill_executor(), "no RayDP executor actor found"
+        if batch_id == 4 and not crashed:
+            crashed.append(batch_id)
+            raise _Crash("driver dies after checkpoint 4")
+
+    def operator():
+        return KeyedStatefulOperator("sessions", key="user", update=update, on_timer=on_timer,
+                                     event_time="ts", allowed_delay=DELAY_S, sink=sink,
+                                     namespace=namespace, parallelism=3, max_parallelism=32,
+                                     materialization_interval=1.0)
+
+    def run(op, until: int):
+        q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
+             .writeStream.foreachBatch(op).option("checkpointLocation", str(chk)).start())
+        try:
+            deadline = time.time() + 240
+            while not any(s.batch_id >= until for s in op.history) and time.time() < deadline:
+                if q.exception() is not None:
+                    raise q.exception()
+                time.sleep(0.3)
+        finally:
+            q.stop()
+
+    op1 = operator()
+    run(op1, 2)
+    files += [write_session_file(src, i, 120, 25, T0 + i * SPAN, SPAN, seed=5)
+              for i in range(3, 6)]
+    with pytest.raises(Exception, match="driver dies"):
+        run(op1, 5)
+    op1.coordinator.shutdown()
+    op2 = operator()
+    run(op2, 5)
+    op2.close()
+    assert [s.batch_id for s in op2.history] == [4, 5] and op2.history[0].replayed
+    assert sum(s.restores for s in op1.history[2:]) >= 1  # the kill made tasks restore
+    events = [e for f in files for e in f]
+    state = op2.state()
+    watermark = max(t for f in files[:-1] for _u, t in f) - int(DELAY_S * 1000)
+    emitted = [tuple(s) for b in sorted(sunk) for s in sunk[b]]
+    assert len(emitted) == len(set(emitted))  # no session emitted twice
+    assert check_sessions(emitted, state.get("session", {}), events, GAP, watermark) == []
+    assert len(emitted) > 25  # sessions closed by arrival and by timers
+    # the timers left are the open sessions' (processing-time ones all fired)
+    assert {u: m for u, m in state.get(TIMERS_STATE, {}).items() if m} == {
+        u: {f"event:{v[1] + GAP + 1}": 1} for u, v in state.get("session", {}).items()}
+    batches_of = {}
+    for i, f in enumerate(files):
+        for u, _t in f:
+            batches_of.setdefault(u, set()).add(i)
+    assert state["ticks"] == {u: len(b) for u, b in batches_of.items()}

@@ -1,0 +1,218 @@
+"""Timers per key (spark_glue.timers) on a real backend, without Spark: they fire earliest
+first across both domains, once, and only when due; timers registered while timers fire fire
+in the same pass when due; deletion works; they are keyed state, so they survive a snapshot
+and restore (fired ones do not come back) and split with their key groups on a rescale; the
+watermark is the largest event time seen minus the allowed delay, and never goes back."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+
+import dstl_ray as d
+from dstl_ray.errors import ConfigError, StateError
+from dstl_ray.keygroups import key_group_range_for_subtask
+from spark_glue.routing import group_by_key
+from spark_glue.timers import (
+    EVENT,
+    PROCESSING,
+    TIMERS_STATE,
+    Timer,
+    TimerContext,
+    TimerService,
+    max_event_time_ms,
+)
+from spark_glue.views import KeyedState
+from spark_glue.worker import TaskSpec, _Entry, fire_timers, timer_context
+
+from ..ckpt_util import MAXP, client, new_base
+
+FULL = d.KeyGroupRange(0, MAXP - 1)
+
+
+def backend(base: str, kgr: d.KeyGroupRange = FULL, restore=()) -> d.ChangelogKeyedStateBackend:
+    return d.ChangelogKeyedStateBackend(client("timers", base), "op", kgr, MAXP,
+                                        materialization_interval=None, restore=restore)
+
+
+def fired(service: TimerService, watermark: int | None, now: int) -> list[tuple]:
+    return [(t.time_ms, t.domain, t.key) for t in service.due(watermark, now)]
+
+
+def test_timers_fire_once_earliest_first_across_domains_and_only_when_due():
+    b = backend(new_base())
+    try:
+        s = TimerService(b)
+        s.register("a", EVENT, 30)
+        s.register("b", PROCESSING, 20)
+        s.register("a", EVENT, 10)
+        s.register("a", EVENT, 10)  # the same timer twice is one timer
+        s.register("c", EVENT, 50)
+        s.register("c", PROCESSING, 99)
+        s.delete("c", EVENT, 50)
+        assert s.of("a") == [(EVENT, 10), (EVENT, 30)]
+        assert fired(s, None, 25) == [(20, PROCESSING, "b")]  # no watermark: no event timers
+        assert fired(s, 30, 25) == [(10, EVENT, "a"), (30, EVENT, "a")]
+        assert fired(s, 100, 25) == []  # c's event timer was deleted; its processing one waits
+        s.register("c", EVENT, 50)  # registered again after a delete: one timer again
+        assert fired(s, 100, 100) == [(50, EVENT, "c"), (99, PROCESSING, "c")]
+        assert fired(s, 10**9, 10**9) == [] and b.dump().get(TIMERS_STATE, {}) == {}
+    finally:
+        b.close()
+
+
+def test_a_timer_registered_while_timers_fire_fires_in_the_same_pass_when_due():
+    b = backend(new_base())
+    try:
+        s = TimerService(b)
+        s.register("k", EVENT, 1)
+        seen = []
+        for t in s.due(10, 0):
+            seen.append(t)
+            if t.time_ms < 11:
+                s.register(t.key, EVENT, t.time_ms + 3)  # 4, 7, then 10 (due), then 13 (not)
+        assert [t.time_ms for t in seen] == [1, 4, 7, 10]
+        assert s.of("k") == [(EVENT, 13)]
+    finally:
+        b.close()
+
+
+def test_timers_survive_restore_and_split_with_their_key_groups():
+    base = new_base()
+    b = backend(base)
+    try:
+        s = TimerService(b)
+        keys = [f"k{i}" for i in range(40)]
+        for i, k in enumerate(keys):
+            s.register(k, EVENT, 100 + i)
+        assert len(fired(s, 104, 0)) == 5  # k0..k4 fire before the checkpoint
+        snap = b.snapshot(checkpoint_id=1).result(timeout=30)
+    finally:
+        b.close()
+    src = d.RestoreSource(snap, base, "timers", "test")
+    # rescale 1 -> 2: each new subtask gets exactly its key groups' timers
+    halves = [key_group_range_for_subtask(MAXP, 2, i) for i in range(2)]
+    got = []
+    for kgr in halves:
+        nb = backend(base, kgr, [src])
+        try:
+            ns = TimerService(nb)
+            for t in ns.due(10**6, 0):
+                assert d.assign_key_group(t.key, MAXP) in kgr
+                got.append(t.key)
+        finally:
+            nb.close()
+    assert sorted(got) == sorted(keys[5:])  # fired ones did not come back
+
+
+def test_max_event_time_of_timestamps_and_integers():
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+    ms = int(when.timestamp() * 1000)
+    for unit in ("s", "ms", "us", "ns"):
+        t = pa.table({"ts": pa.array([when, None], pa.timestamp(unit, tz="UTC"))})
+        want = ms // 1000 * 1000 if unit == "s" else ms
+        assert max_event_time_ms(t, "ts") == want
+    assert max_event_time_ms(pa.table({"ts": [5, 9, None]}), "ts") == 9
+    assert max_event_time_ms(pa.table({"ts": pa.array([None], pa.int64())}), "ts") is None
+    assert max_event_time_ms(None, "ts") is None
+    with pytest.raises(StateError, match="not in the micro-batch's columns"):
+        max_event_time_ms(pa.table({"x": [1]}), "ts")
+    with pytest.raises(StateError, match="timestamp or integer ms"):
+        max_event_time_ms(pa.table({"ts": ["a"]}), "ts")
+
+
+def spec(**kw) -> TaskSpec:
+    return TaskSpec("timers", "op", "ns", "", 1, MAXP, None, lambda *a: None, 3, "e", 2, None,
+                    key="user", **kw)
+
+
+def test_the_watermark_is_the_largest_event_time_seen_minus_the_delay():
+    b = backend(new_base())
+    try:
+        entry = _Entry(b, "e", None)
+        rows = group_by_key(pa.table({"user": ["a", "b"], "ts": [1_000, 5_000]}), "user")
+        ctx, seen = timer_context(spec(on_timer=print, event_time="ts", allowed_delay_ms=2_000,
+                                       event_time_ms=3_000), entry, rows)
+        assert seen == 5_000 and ctx.watermark_ms == 3_000 and entry.timers is ctx.service
+        # an earlier batch's larger event time holds the watermark (it never goes back)
+        ctx, seen = timer_context(spec(on_timer=print, event_time="ts", allowed_delay_ms=2_000,
+                                       event_time_ms=9_000), entry, rows)
+        assert seen == 9_000 and ctx.watermark_ms == 7_000
+        ctx, seen = timer_context(spec(event_time="ts"), entry, rows)
+        assert ctx is None and seen == 5_000  # no on_timer: no timers, event time still kept
+    finally:
+        b.close()
+
+
+def test_on_timer_gets_the_keys_state_and_timers_need_on_timer():
+    b = backend(new_base())
+    try:
+        def on_timer(key, timer, state):
+            c = state.value("closed")
+            c.set(c.get(0) + 1)
+            return [(key, timer.time_ms, timer.domain)]
+
+        ctx = TimerContext(TimerService(b), 50, 0)
+        ks = KeyedState(b, "a", {}, ctx)
+        ks.timers.register_event_time(40)
+        ks.timers.register_event_time(dt.datetime.fromtimestamp(0.045, dt.UTC))
+        ks.timers.register_processing_time(60)
+        assert ks.timers.list() == [(EVENT, 40), (EVENT, 45), (PROCESSING, 60)]
+        assert ks.timers.watermark == 50 and ks.timers.now == 0
+        out = fire_timers(spec(on_timer=on_timer), ctx, b, {})
+        assert out == [("a", 40, EVENT), ("a", 45, EVENT)]
+        assert b.value_state("closed").value("a") == 2
+        assert Timer(1, EVENT, "x") < Timer(2, EVENT, "a")
+        with pytest.raises(ConfigError, match="need the operator's on_timer"):
+            KeyedState(b, "a").timers  # noqa: B018
+        with pytest.raises(ConfigError, match="is the operator's timers"):
+            KeyedState(b, "a").map(TIMERS_STATE)
+        with pytest.raises(StateError, match="ms since the epoch or a datetime"):
+            ks.timers.register_event_time("soon")
+    finally:
+        b.close()
+
+
+def test_a_snapshots_event_time_round_trips_and_is_checked():
+    from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
+    from dstl_ray.errors import HandleError
+
+    snap = KeyedStateSnapshot("op", FULL, (), None, 1_700_000_000_123)
+    d_ = snap.to_dict()
+    assert KeyedStateSnapshot.from_dict(d_, "memory://x").event_time_ms == 1_700_000_000_123
+    assert "event_time_ms" not in KeyedStateSnapshot("op", FULL).to_dict()  # unchanged bytes
+    with pytest.raises(HandleError, match="event_time_ms must be an integer"):
+        KeyedStateSnapshot.from_dict({**d_, "event_time_ms": "soon"}, "memory://x")
+
+
+def test_deleted_timers_do_not_pile_up_and_a_runaway_loop_is_stopped(monkeypatch):
+    b = backend(new_base())
+    try:
+        s = TimerService(b)
+        for i in range(20_000):  # an idle timeout pushed ahead on every event
+            if i:
+                s.delete("k", PROCESSING, i - 1)
+            s.register("k", PROCESSING, i)
+        assert s.live() == 1 and s.pending() <= 2 * s.live() + 1024
+        assert fired(s, None, 10**9) == [(19_999, PROCESSING, "k")]
+        monkeypatch.setattr(TimerService, "MAX_FIRINGS_PER_PASS", 50)
+        s.register("k", EVENT, 1)
+        with pytest.raises(StateError, match="does on_timer register a timer at or before"):
+            for t in s.due(10, 0):
+                s.register(t.key, EVENT, t.time_ms)  # re-arms at the time that fired it
+    finally:
+        b.close()
+
+
+def test_times_of_numpy_numbers_and_naive_datetimes():
+    import numpy as np
+
+    from spark_glue.timers import _ms
+
+    assert _ms(np.int64(5)) == 5 and _ms(7.6) == 8
+    naive = dt.datetime(2026, 1, 1)  # as TimestampNTZ: UTC, whatever the local zone
+    assert _ms(naive) == _ms(naive.replace(tzinfo=dt.UTC))
+    with pytest.raises(StateError):
+        _ms(float("nan"))
