@@ -157,7 +157,10 @@ def run_spark(spark: Any, src: Path, work: Path, kind: str, events: int, keys: i
 def plot(rows: list[dict[str, Any]], sizes: list[tuple[int, int]]) -> Any:
     pyplot = plt()
     fig, axes = pyplot.subplots(1, 2, figsize=(14, 4.8))
-    labels = [f"{e // 1000}k ev\n{k // 1000}k keys" for e, k in sizes]
+    def short(n: int) -> str:
+        return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k"
+
+    labels = [f"{short(e)} ev\n{short(k)} keys" for e, k in sizes]
     width = 0.2
     colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red"]
     for si, system in enumerate(SYSTEMS):
