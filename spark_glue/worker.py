@@ -260,7 +260,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
     # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
     stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
-    attempt = uuid.uuid4().hex
+    attempt_id = uuid.uuid4().hex  # this attempt, told from a duplicate
     groups = group_by_key(read_payloads(index, payloads), spec.key)
     t_read = time.perf_counter() - t0
     client = _client(spec)
@@ -290,9 +290,9 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         t2 = time.perf_counter()
         holds = spec.batch_id
     finally:
-        release(entry, holds, attempt)
+        release(entry, holds, attempt_id)
     yield {
-        "index": index, "attempt_id": attempt, "snapshot": json.dumps(snap.to_dict()),
+        "index": index, "attempt_id": attempt_id, "snapshot": json.dumps(snap.to_dict()),
         "outputs": outputs,
         "output_ipc": output_ipc, "rows": groups.rows, "keys": len(groups.keys),
         "attempt": attempt, "stage_attempt": stage_attempt, "read_s": t_read,
