@@ -158,6 +158,7 @@ class KeyedStatefulOperator:
         self.on_timer, self.event_time = on_timer, event_time
         self.allowed_delay_ms = int(round(allowed_delay * 1000))
         self._attempts: tuple[str, ...] = ()  # per subtask, the attempt the latest holds
+        self._replay_time: dict[int, int] = {}  # the last batch's processing time
         self._ttl_names_checked = False
         self.job_id = job_id
         self.key = key
@@ -229,12 +230,17 @@ class KeyedStatefulOperator:
         the sink. Any failure leaves no cached state trusted (new epoch) and raises."""
         t0 = time.perf_counter()
         cc = self.coordinator
+        spark = self._spark or df.sparkSession
+        p = self.parallelism(spark)
+        self._check_event_time(df)
         latest = cc.latest_checkpoint()
         replayed = is_replay(self.job_id, batch_id, latest.checkpoint_id if latest else None)
         # the batch's processing time: a replay runs at the time its first run ran at, so
-        # its processing-time timers fire as they did then
+        # its processing-time timers fire as they did then (remembered here too, for a
+        # second try of a replay that failed after dropping the checkpoint)
         now_ms = (snapshot_time(latest, "processing_time_ms") if replayed else None) \
-            or int(time.time() * 1000)
+            or self._replay_time.get(batch_id) or int(time.time() * 1000)
+        self._replay_time = {batch_id: now_ms}
         if replayed:
             log.warning("batch %d is replayed (checkpoint %d complete): recomputing it from "
                         "the previous checkpoint", batch_id, latest.checkpoint_id)
@@ -242,9 +248,6 @@ class KeyedStatefulOperator:
             self.epoch = uuid.uuid4().hex
             self._attempts = ()
             latest = cc.latest_checkpoint()
-        spark = self._spark or df.sparkSession
-        self._check_event_time(df)
-        p = self.parallelism(spark)
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,

@@ -78,14 +78,15 @@ class TimerService:
     and the heaps are compacted when deleted timers' entries outnumber the live ones (a
     timer pushed ahead on every event deletes one and registers one)."""
 
-    # firings of one pass beyond which timers re-registering at or before the current time
-    # are taken for an endless loop
+    # firings of timers registered during one pass beyond which timers re-registering at or
+    # before the current time are taken for an endless loop
     MAX_FIRINGS_PER_PASS = 1_000_000
 
     def __init__(self, backend: Any) -> None:
         self._state = backend.map_state(TIMERS_STATE)
         self._heaps: dict[str, list[tuple[int, int, Any]]] = {EVENT: [], PROCESSING: []}
         self._live: set[tuple[str, int, Any]] = set()
+        self._in_heap: set[tuple[str, int, Any]] = set()  # one heap entry per timer at most
         self._seq = 0  # heap tiebreak: keys need not be comparable
         for key in list(self._state.keys()):  # the index, rebuilt from state
             for entry in self._state.items(key):
@@ -94,6 +95,9 @@ class TimerService:
                 self._push(key, domain, t)
 
     def _push(self, key: Any, domain: str, t: int) -> None:
+        if (domain, t, key) in self._in_heap:
+            return  # deleted and registered again: its old entry serves
+        self._in_heap.add((domain, t, key))
         self._seq += 1
         heapq.heappush(self._heaps[domain], (t, self._seq, key))
 
@@ -116,6 +120,7 @@ class TimerService:
         for domain, heap in self._heaps.items():
             heap[:] = [e for e in heap if (domain, e[0], e[2]) in self._live]
             heapq.heapify(heap)
+        self._in_heap = set(self._live)
 
     def of(self, key: Any) -> list[tuple[str, int]]:
         """The key's timers, (domain, time) in time order."""
@@ -134,18 +139,21 @@ class TimerService:
         (processing time), earliest first, each removed from state as it is yielded (timers
         registered meanwhile are included when due)."""
         limits = {EVENT: watermark_ms, PROCESSING: now_ms}
-        fired = 0
+        first_new, rearmed = self._seq, 0
         while True:
             tops = [(h[0][0], d) for d, h in self._heaps.items()
                     if h and limits[d] is not None and h[0][0] <= limits[d]]
             if not tops:
                 return
             t, domain = min(tops)
-            _t, _seq, key = heapq.heappop(self._heaps[domain])
+            _t, seq, key = heapq.heappop(self._heaps[domain])
+            self._in_heap.discard((domain, t, key))
             if (domain, t, key) not in self._live:
-                continue  # deleted, or a second heap entry of a timer that fired
-            fired += 1
-            if fired > self.MAX_FIRINGS_PER_PASS:
+                continue  # deleted
+            # only timers registered during this pass count: a backlog of due timers is
+            # work, one that keeps re-arming itself is a loop
+            rearmed += seq > first_new
+            if rearmed > self.MAX_FIRINGS_PER_PASS:
                 raise StateError(f"more than {self.MAX_FIRINGS_PER_PASS} timers fired in one "
                                  f"micro-batch (key {key!r} at {t}): does on_timer register "
                                  f"a timer at or before the time that fired it?")

@@ -51,8 +51,8 @@ class ColumnValue:
 
     def set(self, values: Any) -> None:
         """One value per key: a Series indexed by exactly the keys (any order) is aligned on
-        its index, anything else (array, list, a Series on another index) must be in
-        ``keys`` order. None, pandas' NA and NaT clear a key's value; NaN is a float."""
+        its index; anything else (array, list, a Series on a default RangeIndex) is in
+        ``keys`` order, and a Series on another index is refused. None, pandas' NA and NaT clear a key's value; NaN is a float."""
         import numpy as np
         import pandas as pd
 
@@ -61,6 +61,8 @@ class ColumnValue:
                              "[v] * len(keys) for the same value everywhere")
         if len(values) != len(self._refs):
             raise StateError(f"set() got {len(values)} values for {len(self._refs)} keys")
+        if isinstance(values, pd.Series) and isinstance(values.index, pd.RangeIndex):
+            values = values.to_numpy(dtype=object)  # a default index: in keys order
         if isinstance(values, pd.Series):
             if not values.index.equals(self._keys):
                 if not (values.index.is_unique and set(values.index) == set(self._keys)):

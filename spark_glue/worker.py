@@ -224,7 +224,7 @@ def fire_timers(spec: TaskSpec, ctx: TimerContext, backend: ChangelogKeyedStateB
         out = spec.on_timer(timer.key, timer, KeyedState(backend, timer.key, ttl, ctx))
         if out is None:
             continue
-        if spec.api == "pandas":
+        if spec.api == "pandas" and hasattr(out, "columns"):  # one DataFrame or Arrow table
             outputs.append(out)
         else:
             outputs.extend(out)

@@ -69,7 +69,7 @@ class Driver:
         op.state_backend, op.local_dir = "heap", None
         op.api, op.output_schema = "rows", None
         op.on_timer, op.event_time, op.allowed_delay_ms = None, None, 0
-        op._attempts = ()
+        op._attempts, op._replay_time = (), {}
         op._ttl_names_checked = False
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)
@@ -140,8 +140,8 @@ def test_the_last_batch_is_replayed_from_the_checkpoint_before_it(tmp_path):
     drv = Driver(tmp_path)
     for b in range(3):
         drv.op.process_batch(None, b)
+        time.sleep(0.02)  # every batch at its own processing time
     epoch = drv.op.epoch
-    time.sleep(0.01)
     st = drv.op.process_batch(None, 2)
     assert st.replayed and drv.op.epoch != epoch
     # the replay runs at the processing time of the run it replays (its timers fire alike)
@@ -202,3 +202,19 @@ def test_a_state_ttl_name_no_state_has_is_warned_about_once(tmp_path, caplog):
     warned = [r.getMessage() for r in caplog.records if "state_ttl names" in r.getMessage()]
     assert len(warned) == 1 and "'vv'" in warned[0] and "'v'," not in warned[0]
     drv.close()
+
+
+def test_the_event_time_column_is_checked_on_the_driver():
+    from types import SimpleNamespace
+
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    op = KeyedStatefulOperator.__new__(KeyedStatefulOperator)
+    op.event_time = "ts"
+    df = SimpleNamespace(schema=StructType([StructField("user", StringType()),
+                                            StructField("ts", LongType())]))
+    op._check_event_time(df)
+    for fields in ([StructField("user", StringType())],
+                   [StructField("ts", StringType())]):
+        with pytest.raises(ConfigError, match="event_time column 'ts' must be a timestamp"):
+            op._check_event_time(SimpleNamespace(schema=StructType(fields)))

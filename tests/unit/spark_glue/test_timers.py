@@ -216,3 +216,22 @@ def test_times_of_numpy_numbers_and_naive_datetimes():
     assert _ms(naive) == _ms(naive.replace(tzinfo=dt.UTC))
     with pytest.raises(StateError):
         _ms(float("nan"))
+
+
+def test_a_timer_deleted_and_registered_again_keeps_one_heap_entry_and_a_backlog_fires():
+    b = backend(new_base())
+    try:
+        s = TimerService(b)
+        for k in range(3000):  # the sessions' pattern: an event that does not move the end
+            s.register(k, EVENT, 50)
+            for _ in range(3):
+                s.delete(k, EVENT, 50)
+                s.register(k, EVENT, 50)
+        assert s.live() == 3000 and s.pending() == 3000
+        TimerService.MAX_FIRINGS_PER_PASS, cap = 10, TimerService.MAX_FIRINGS_PER_PASS
+        try:  # a backlog of due timers is not a loop, however long
+            assert len(fired(s, 100, 0)) == 3000
+        finally:
+            TimerService.MAX_FIRINGS_PER_PASS = cap
+    finally:
+        b.close()

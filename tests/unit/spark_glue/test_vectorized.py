@@ -79,7 +79,7 @@ def test_set_aligns_series_on_the_keys_clears_on_none_and_checks_lengths():
         st.value("v").set(pd.Series({"z": 30, "x": 10, "y": 20}))  # aligned on the keys
         assert st.value("v").get(-1).tolist() == [10, 20, 30]
         with pytest.raises(StateError, match="index is not the keys"):
-            st.value("v").set(pd.Series([1, 2, 3]))  # a RangeIndex: refused, not shifted
+            st.value("v").set(pd.Series([1, 2, 3], index=["a", "b", "c"]))
         with pytest.raises(StateError, match="2 values for 3 keys"):
             st.value("v").set(pd.Series({"z": 30, "x": 10}))
         st.value("v").set(np.array([1.5, np.nan, 2.5]))  # NaN is a float value
@@ -143,3 +143,13 @@ def test_outputs_of_every_shape_and_bad_returns():
         outputs_to_ipc(5)
     with pytest.raises(ConfigError, match="yielded tuple"):
         outputs_to_ipc([("a", 1)])
+
+
+def test_a_series_on_a_default_index_is_in_keys_order_even_for_int_keys():
+    b = backend()
+    try:
+        st = KeyedStates(b, pd.Index([2, 0, 1], dtype=object), {})
+        st.value("v").set(pd.Series([20, 0, 10]))  # a RangeIndex is positional
+        assert {k: b.value_state("v").value(k) for k in (0, 1, 2)} == {2: 20, 0: 0, 1: 10}
+    finally:
+        b.close()
