@@ -70,22 +70,42 @@ def routed_schema() -> Any:
                        StructField(PAYLOAD, BinaryType(), False)])
 
 
-def subtasks_of(keys: Any, max_parallelism: int, parallelism: int) -> Any:
-    """The subtask of every key of an Arrow array (numpy int32), hashing each distinct key
-    once: Flink's operator index for the key's key group (the inverse of the range split)."""
-    import numpy as np
+def subtask_of(key: Any, max_parallelism: int, parallelism: int) -> int:
+    """Flink's operator index for the key's key group (the inverse of the range split)."""
+    from dstl_ray.keygroups import assign_key_group
+
+    return assign_key_group(key, max_parallelism) * parallelism // max_parallelism
+
+
+def _encoded(values: Any) -> tuple[list[Any], Any]:
+    """The distinct values of an Arrow array (nulls included, first-seen order) as Python
+    objects, and each value's index among them (numpy)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from dstl_ray.keygroups import stable_hash
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    enc = pc.dictionary_encode(values, null_encoding="encode")
+    return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False)
 
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    enc = pc.dictionary_encode(keys, null_encoding="encode")
-    per_key = np.fromiter(
-        ((stable_hash(k) % max_parallelism) * parallelism // max_parallelism
-         for k in enc.dictionary.to_pylist()), dtype=np.int32, count=len(enc.dictionary))
-    return per_key[enc.indices.to_numpy(zero_copy_only=False)]
+
+def _grouped(codes: Any, n: int) -> tuple[Any, Any]:
+    """The stable order that brings equal ``codes`` (ints in 0..n-1) together, and how many
+    of each there are."""
+    import numpy as np
+
+    return np.argsort(codes, kind="stable"), np.bincount(codes, minlength=n)
+
+
+def subtasks_of(keys: Any, max_parallelism: int, parallelism: int) -> Any:
+    """The subtask of every key of an Arrow array (numpy int32), hashing each distinct key
+    once (:func:`subtask_of`)."""
+    import numpy as np
+
+    distinct, codes = _encoded(keys)
+    per_key = np.fromiter((subtask_of(k, max_parallelism, parallelism) for k in distinct),
+                          dtype=np.int32, count=len(distinct))
+    return per_key[codes]
 
 
 def _ipc(batch: Any) -> bytes:
@@ -109,9 +129,8 @@ def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[
         for b in batches:
             if b.num_rows == 0:
                 continue
-            sub = subtasks_of(b.column(key), max_parallelism, parallelism)
-            order = np.argsort(sub, kind="stable")
-            counts = np.bincount(sub, minlength=parallelism)
+            order, counts = _grouped(subtasks_of(b.column(key), max_parallelism, parallelism),
+                                     parallelism)
             ordered = b.take(pa.array(order))
             rs, ss, ps = [], [], []
             off = 0
@@ -182,23 +201,20 @@ def group_by_key(table: Any, key: str) -> Groups:
     rows keep their order)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if table is None or table.num_rows == 0:
         return EMPTY
-    keys = table.column(key).combine_chunks()
-    enc = pc.dictionary_encode(keys, null_encoding="encode")
-    idx = enc.indices.to_numpy(zero_copy_only=False)
-    order = np.argsort(idx, kind="stable")
-    counts = np.bincount(idx, minlength=len(enc.dictionary))
+    distinct, codes = _encoded(table.column(key))
+    order, counts = _grouped(codes, len(distinct))
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    return Groups(table.take(pa.array(order)), enc.dictionary.to_pylist(), offsets)
+    return Groups(table.take(pa.array(order)), distinct, offsets)
 
 
 def rows_of(table: Any) -> list[Any]:
-    """``table``'s rows as ``pyspark.sql.Row`` objects (what ``df.rdd`` would have given, by
-    name or position), for the per-key update API."""
+    """``table``'s rows as ``pyspark.sql.Row`` objects, by name or position, for the per-key
+    update API (values as Arrow gives them: a struct is a dict, a map a list of pairs, a
+    timestamp timezone-aware)."""
     from pyspark.sql import Row
 
     if table is None or table.num_rows == 0:

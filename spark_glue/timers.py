@@ -220,8 +220,9 @@ def max_event_time_ms(table: Any, column: str) -> int | None:
     if not m.is_valid:
         return None
     if pa.types.is_timestamp(col.type):
-        per_ms = {"s": 1e-3, "ms": 1, "us": 1000, "ns": 1_000_000}[col.type.unit]
-        return int(m.value // per_ms) if per_ms >= 1 else int(m.value * 1000)
+        if col.type.unit == "s":
+            return m.value * 1000
+        return m.value // {"ms": 1, "us": 1000, "ns": 1_000_000}[col.type.unit]
     if pa.types.is_integer(col.type):
         return int(m.as_py())
     raise StateError(f"event_time column {column!r} must be a timestamp or integer ms, got "

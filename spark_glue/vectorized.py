@@ -52,7 +52,8 @@ class ColumnValue:
     def set(self, values: Any) -> None:
         """One value per key: a Series indexed by exactly the keys (any order) is aligned on
         its index; anything else (array, list, a Series on a default RangeIndex) is in
-        ``keys`` order, and a Series on another index is refused. None, pandas' NA and NaT clear a key's value; NaN is a float."""
+        ``keys`` order, and a Series on another index is refused. None, pandas' NA and NaT
+        clear a key's value; NaN is a float."""
         import numpy as np
         import pandas as pd
 

@@ -303,9 +303,3 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         "materializations": backend.materializations,
     }
 
-
-def subtask_of(key: Any, max_parallelism: int, parallelism: int) -> int:
-    """Flink's operator index for the key's key group (the inverse of the range split)."""
-    from dstl_ray.keygroups import assign_key_group
-
-    return assign_key_group(key, max_parallelism) * parallelism // max_parallelism

@@ -74,12 +74,14 @@ class ValueState(_State):
         v = self._t.get_value(self._sid, kg, k)
         if v is None:
             return default
-        ttl, now = self._ttl()
-        if ttl is not None:
-            if not alive(v, now, ttl):
-                return default  # NeverReturnExpired
-            v = v[STAMP_SIZE:]
-        return self._b._ser.deserialize(v)
+        return self._read(v, default, *self._ttl())
+
+    def _read(self, v: bytes | None, default: Any, ttl: int | None, now: int) -> Any:
+        """A stored value as the user sees it: ``default`` if absent or expired
+        (NeverReturnExpired), else deserialized without its TTL stamp."""
+        if v is None or (ttl is not None and not alive(v, now, ttl)):
+            return default
+        return self._b._ser.deserialize(v if ttl is None else v[STAMP_SIZE:])
 
     def update(self, key: Any, value: Any) -> None:
         if value is None:
@@ -100,16 +102,9 @@ class ValueState(_State):
 
     def values_at(self, refs: Sequence[tuple[int, bytes]], default: Any = None) -> list[Any]:
         """:meth:`value` of every key of ``refs``, in order."""
-        get, de, sid = self._t.get_value, self._b._ser.deserialize, self._sid
+        get, read, sid = self._t.get_value, self._read, self._sid
         ttl, now = self._ttl()
-        out = []
-        for kg, k in refs:
-            v = get(sid, kg, k)
-            if v is None or (ttl is not None and not alive(v, now, ttl)):
-                out.append(default)
-            else:
-                out.append(de(v if ttl is None else v[STAMP_SIZE:]))
-        return out
+        return [read(get(sid, kg, k), default, ttl, now) for kg, k in refs]
 
     def update_at(self, refs: Sequence[tuple[int, bytes]], values: Sequence[Any]) -> None:
         """:meth:`update` of every key of ``refs`` with the value at the same position (None

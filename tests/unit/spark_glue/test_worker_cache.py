@@ -11,7 +11,8 @@ import pytest
 
 from dstl_ray import DirectTransport, StateChangelogClient
 from spark_glue import worker
-from spark_glue.worker import TaskSpec, backend_for, release, subtask_of
+from spark_glue.routing import subtask_of
+from spark_glue.worker import TaskSpec, backend_for, release
 
 JOB = "cache-job"
 
