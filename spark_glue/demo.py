@@ -31,7 +31,7 @@ from typing import Any
 
 from dstl_ray.plotting import pyplot
 
-from .pipeline import SCHEMA, count_and_sum, diff, recompute, write_event_file
+from .pipeline import SCHEMA, count_and_sum, diff, json_lines, recompute, write_event_file
 from .sessions import Sessions, check_sessions
 from .state_reader import read_state
 
@@ -279,9 +279,9 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
 def _sessions(op: Any, out_dir: Path, src: Path, state: dict[str, Any]) -> dict[str, Any]:
     """The session windows: those the sink got (the last output of every batch) and those
     open in the state, against the offline sessions of every input event."""
-    emitted = [tuple(o[1:]) for o in _json_lines(out_dir.glob("batch-*.jsonl"))
+    emitted = [tuple(o[1:]) for o in json_lines(out_dir.glob("batch-*.jsonl"))
                if o[0] == "session"]
-    events = [(e["user"], e["ts"]) for e in _json_lines(src.glob("events-*.json"))]
+    events = [(e["user"], e["ts"]) for e in json_lines(src.glob("events-*.json"))]
     snaps = op.coordinator.latest_checkpoint().metadata.snapshots
     # the watermark every subtask had reached in the last batch (spark_glue.timers)
     watermark = min(s.event_time_ms for s in snaps) - int(ALLOWED_DELAY_S * 1000)
@@ -291,13 +291,6 @@ def _sessions(op: Any, out_dir: Path, src: Path, state: dict[str, Any]) -> dict[
         problems.append("a session was emitted twice")
     return {"sessions_closed": len(emitted), "sessions_open": len(state.get("session", {})),
             "sessions_match_offline": not problems, "problems": problems}
-
-
-def _json_lines(files: Any) -> Iterator[Any]:
-    for f in sorted(files):
-        for line in f.read_text().splitlines():
-            if line:
-                yield json.loads(line)
 
 
 def _read_back(spark: Any, op: Any, name: str) -> dict[Any, Any]:

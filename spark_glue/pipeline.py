@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +14,16 @@ BUCKET = 25  # histogram bucket width of amounts
 
 
 def write_event_file(folder: Path, index: int, events: int, users: int, seed: int,
-                     event_time_ms: int | None = None) -> int:
+                     event_time_ms: int | None = None, span_ms: int = 1000) -> int:
     """Write ``events`` JSON events atomically as ``events-{index}.json`` (a file source only
     sees complete files); returns the number written. With ``event_time_ms``, each event has
-    an event time ``ts`` (ms) in the second from there, the file's events in time order."""
+    an event time ``ts`` (ms) in ``[event_time_ms, event_time_ms + span_ms)``, the file's
+    events in time order."""
     rng = random.Random(seed * 1_000_003 + index)
     evs = [{"user": f"u{rng.randrange(users)}", "amount": rng.randint(1, 100)}
            for _ in range(events)]
     if event_time_ms is not None:
-        for e, t in zip(evs, sorted(event_time_ms + rng.randrange(1000) for _ in evs),
+        for e, t in zip(evs, sorted(event_time_ms + rng.randrange(span_ms) for _ in evs),
                         strict=True):
             e["ts"] = t
     folder.mkdir(parents=True, exist_ok=True)
@@ -29,6 +31,14 @@ def write_event_file(folder: Path, index: int, events: int, users: int, seed: in
     tmp.write_text("\n".join(json.dumps(e) for e in evs) + "\n")
     tmp.rename(folder / f"events-{index:05d}.json")
     return events
+
+
+def json_lines(files: Iterable[Path]) -> Iterator[Any]:
+    """The JSON values of ``files``' lines, files in name order (event files, sink output)."""
+    for f in sorted(files):
+        for line in f.read_text().splitlines():
+            if line:
+                yield json.loads(line)
 
 
 def write_distinct_key_file(folder: Path, index: int, keys: int, seed: int) -> int:

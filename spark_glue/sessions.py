@@ -11,11 +11,8 @@ tests' input).
 
 from __future__ import annotations
 
-import json
-import random
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 SCHEMA = "user STRING, ts LONG"  # ts: event time, ms since the epoch
@@ -101,17 +98,3 @@ def check_sessions(emitted: Iterable[tuple[Any, int, int, int]], open_now: dict[
     if not (closed | due) <= emitted:
         problems.append(f"not emitted although closed: {sorted((closed | due) - emitted)[:3]}")
     return problems
-
-
-def write_session_file(folder: Path, index: int, events: int, users: int, t0_ms: int,
-                       span_ms: int, seed: int) -> list[tuple[str, int]]:
-    """``events`` events of ``users`` users with event times in ``[t0_ms, t0_ms + span_ms)``,
-    written atomically as ``sessions-{index}.json``; returns them."""
-    rng = random.Random(seed * 1_000_003 + index)
-    evs = sorted((f"u{rng.randrange(users)}", t0_ms + rng.randrange(span_ms))
-                 for _ in range(events))
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".sessions-{index:05d}.tmp"
-    tmp.write_text("".join(json.dumps({"user": u, "ts": t}) + "\n" for u, t in evs))
-    tmp.rename(folder / f"sessions-{index:05d}.json")
-    return evs

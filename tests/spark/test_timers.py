@@ -14,8 +14,9 @@ import pytest
 from pyspark import cloudpickle
 
 from spark_glue import KeyedStatefulOperator
+from spark_glue.pipeline import json_lines, write_event_file
 from spark_glue.session import kill_executor
-from spark_glue.sessions import SCHEMA, Sessions, check_sessions, write_session_file
+from spark_glue.sessions import SCHEMA, Sessions, check_sessions
 from spark_glue.timers import PROCESSING, TIMERS_STATE
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -38,6 +39,12 @@ def on_timer(key, timer, state):
     return SESSIONS.on_timer(key, timer, state)
 
 
+def write(src, i: int) -> list[tuple[str, int]]:
+    """Micro-batch i's file: 120 events of 25 users in [T0 + i * SPAN, T0 + (i + 1) * SPAN)."""
+    write_event_file(src, i, 120, 25, seed=5, event_time_ms=T0 + i * SPAN, span_ms=SPAN)
+    return [(e["user"], e["ts"]) for e in json_lines([src / f"events-{i:05d}.json"])]
+
+
 class _Crash(Exception):
     pass
 
@@ -46,7 +53,7 @@ def test_session_windows_survive_an_executor_kill_and_a_driver_restart(spark, tr
                                                                       namespace, tmp_path):
     tree_factory(persist_delay_s=0.02)
     src, chk = tmp_path / "in", tmp_path / "chk"
-    files = [write_session_file(src, i, 120, 25, T0 + i * SPAN, SPAN, seed=5) for i in range(3)]
+    files = [write(src, i) for i in range(3)]
     sunk: dict[int, list] = {}
     crashed: list[int] = []
 
@@ -78,8 +85,7 @@ def test_session_windows_survive_an_executor_kill_and_a_driver_restart(spark, tr
 
     op1 = operator()
     run(op1, 2)
-    files += [write_session_file(src, i, 120, 25, T0 + i * SPAN, SPAN, seed=5)
-              for i in range(3, 6)]
+    files += [write(src, i) for i in range(3, 6)]
     with pytest.raises(Exception, match="driver dies"):
         run(op1, 5)
     op1.coordinator.shutdown()
