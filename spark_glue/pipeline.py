@@ -4,7 +4,10 @@ batch recomputation the streaming result is checked against (``make demo``, test
 from __future__ import annotations
 
 import json
+import os
 import random
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,11 +15,32 @@ from typing import Any
 SCHEMA = "user STRING, amount LONG"
 BUCKET = 25  # histogram bucket width of amounts
 
+# Spark's file source orders new files by modification time in milliseconds and breaks ties
+# by directory listing order, which is no order at all (a hashed directory lists
+# events-00005 before events-00004). Files written back to back often share a millisecond, so
+# each published file gets a modification time at least this far past the previous one.
+MTIME_STEP_NS = 10_000_000
+_published = threading.Lock()
+_last_mtime_ns: dict[Path, int] = {}
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make the complete file ``tmp`` visible as ``final`` (a rename: a file source never sees
+    it half-written), with a modification time later, by at least ``MTIME_STEP_NS``, than any
+    file published in that folder before by this process, so the file source reads the
+    folder's files in the order they were published."""
+    with _published:
+        folder = final.parent.resolve()
+        t = max(time.time_ns(), _last_mtime_ns.get(folder, 0) + MTIME_STEP_NS)
+        _last_mtime_ns[folder] = t
+    os.utime(tmp, ns=(t, t))  # a rename keeps the file's modification time
+    tmp.rename(final)
+
 
 def write_event_file(folder: Path, index: int, events: int, users: int, seed: int,
                      event_time_ms: int | None = None, span_ms: int = 1000) -> int:
-    """Write ``events`` JSON events atomically as ``events-{index}.json`` (a file source only
-    sees complete files); returns the number written. With ``event_time_ms``, each event has
+    """Write ``events`` JSON events as ``events-{index}.json`` (:func:`publish`: the file
+    source sees complete files, in the order they were written); returns the number written. With ``event_time_ms``, each event has
     an event time ``ts`` (ms) in ``[event_time_ms, event_time_ms + span_ms)``, the file's
     events in time order."""
     rng = random.Random(seed * 1_000_003 + index)
@@ -29,7 +53,7 @@ def write_event_file(folder: Path, index: int, events: int, users: int, seed: in
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".events-{index:05d}.tmp"
     tmp.write_text("\n".join(json.dumps(e) for e in evs) + "\n")
-    tmp.rename(folder / f"events-{index:05d}.json")
+    publish(tmp, folder / f"events-{index:05d}.json")
     return events
 
 
@@ -42,15 +66,15 @@ def json_lines(files: Iterable[Path]) -> Iterator[Any]:
 
 
 def write_distinct_key_file(folder: Path, index: int, keys: int, seed: int) -> int:
-    """Write ``keys`` events of ``keys`` distinct users (``k0000000``...) atomically as
-    ``events-{index}.json``: one micro-batch of that many keys; returns the number written."""
+    """Write ``keys`` events of ``keys`` distinct users (``k0000000``...) as
+    ``events-{index}.json`` (:func:`publish`): one micro-batch of that many keys; returns the number written."""
     rng = random.Random(seed * 1_000_003 + index)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".events-{index:05d}.tmp"
     with open(tmp, "w") as f:
         for i in range(keys):
             f.write(f'{{"user": "k{i:07d}", "amount": {rng.randint(1, 100)}}}\n')
-    tmp.rename(folder / f"events-{index:05d}.json")
+    publish(tmp, folder / f"events-{index:05d}.json")
     return keys
 
 
