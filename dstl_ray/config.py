@@ -177,6 +177,10 @@ class ChangelogConfig:
     file_merging_max_space_amplification: float = _opt(
         2.0, "A physical file whose size exceeds this multiple of its live bytes is "
         "compacted (FLIP-306 max-space-amplification; >= 1).", 1.0, 1e6)
+    local_lane: str = _opt(
+        "on", "Writers on the node actor's machine send persist requests and marks over a "
+        "Unix socket instead of Ray actor calls (on: about 5 ms less per checkpoint here; "
+        "off: Ray calls only).", choices=("on", "off"))
     namespace: str = _opt("dstl_ray", "Ray namespace of the node actors.")
 
     def __post_init__(self) -> None:

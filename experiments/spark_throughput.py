@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from .common import machine, parser, plt, summary, write_results
-from .vs_spark_state_store import ROCKSDB, FileWatcher, _progress, _run_query
+from .file_watcher import FileWatcher
+from .vs_spark_state_store import ROCKSDB, _progress, _run_query
 
 NS = "spark-tp"
 SCHEMA = "user STRING, amount LONG"

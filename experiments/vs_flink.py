@@ -6,10 +6,12 @@ missing): ``INSERT INTO blackhole SELECT k, COUNT(*) FROM datagen GROUP BY k`` a
 rows/s, parallelism 4, hashmap backend with the changelog on file://, checkpoints every
 200 ms, on a MiniCluster with N TaskManagers.
 
-dstl-ray: N Ray nodes (``ray.cluster_utils.Cluster``), the node-actor tree on file://, 4
-subtask actors spread over the nodes, each a ChangelogKeyedStateBackend counting its keys
-(0..9999) from a generator at 5,000 rows/s; the driver checkpoints every 200 ms (every
-subtask's snapshot, then ``complete_checkpoint``), materialization every 10 s as Flink's.
+dstl-ray: N Ray nodes (``ray.cluster_utils.Cluster``), the node-actor tree on file://, and
+one TaskManager actor per node hosting that node's share of the 4 subtasks, as Flink's N
+TaskManagers host ceil(4 / N) slots each; each subtask is a ChangelogKeyedStateBackend
+counting its keys (0..9999) from a generator at 5,000 rows/s. The driver checkpoints every
+200 ms (one call per TaskManager: its subtasks' snapshots; then ``complete_checkpoint``),
+materialization every 10 s as Flink's.
 
 Both: checkpoints completed, end-to-end duration percentiles, changelog and all files
 created per checkpoint (a poller records every file name seen), bytes per checkpoint, and
@@ -73,14 +75,13 @@ class Counter:
     """One operator subtask: a backend counting keys from a rate-limited generator thread."""
 
     def __init__(self, index: int, parallelism: int, rate: int, restore_url: str | None,
-                 namespace: str) -> None:
+                 client: Any) -> None:
         import random
 
-        from dstl_ray import ChangelogKeyedStateBackend, StateChangelogClient, assign_key_group
+        from dstl_ray import ChangelogKeyedStateBackend, assign_key_group
         from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
         from dstl_ray.keygroups import key_group_range_for_subtask
 
-        client = StateChangelogClient("vsflink", namespace=namespace)
         kgr = key_group_range_for_subtask(128, parallelism, index)
         sources = (assign_sources(load_checkpoint(restore_url), "count", parallelism)[index]
                    if restore_url else [])
@@ -98,25 +99,48 @@ class Counter:
         count_at_rate(self.b.value_state("count"), self.keys, self.rng, self.rate, self.stop,
                       self.mailbox, batch=100)
 
-    def spans(self) -> list[dict[str, Any]]:
-        """The writer's finished spans (the tree's ``tracing=memory``)."""
-        from dstl_ray.observability import tracing
-
-        return tracing.finished_spans()
-
-    def snapshot(self, checkpoint_id: int = -1) -> dict[str, Any]:
-        """The checkpoint barrier: take the snapshot between two generator chunks, wait until
-        its changelog is durable; the stage times go back with it for the profile."""
+    def barrier(self, checkpoint_id: int) -> tuple[Any, float, float, float]:
+        """The checkpoint barrier: take the snapshot between two generator chunks; returns
+        its future (durable once resolved) and the times spent to get there."""
         t0 = time.perf_counter()
         with self.mailbox:
             t1 = time.perf_counter()
             fut = self.b.snapshot(checkpoint_id)
-        t2 = time.perf_counter()
-        snap = fut.result(timeout=60).to_dict()
-        t3 = time.perf_counter()
-        return {"snapshot": json.dumps(snap), "mailbox_ms": (t1 - t0) * 1000,
-                "snapshot_call_ms": (t2 - t1) * 1000, "persist_ms": (t3 - t2) * 1000,
-                "actor_ms": (time.perf_counter() - t0) * 1000}
+        return fut, t0, t1, time.perf_counter()
+
+
+class TaskManager:
+    """One process per Ray node hosting that node's subtasks, as a Flink TaskManager hosts
+    its slots (the Flink side runs parallelism 4 on N TaskManagers of ceil(4 / N) slots):
+    one client (one transport, so one node-actor call carries all its subtasks' requests)
+    and one checkpoint call per process."""
+
+    def __init__(self, indices: list[int], parallelism: int, rate: int,
+                 restore_url: str | None, namespace: str) -> None:
+        from dstl_ray import StateChangelogClient
+
+        client = StateChangelogClient("vsflink", namespace=namespace)
+        self.tasks = [Counter(i, parallelism, rate, restore_url, client) for i in indices]
+
+    def spans(self) -> list[dict[str, Any]]:
+        """The writers' finished spans (the tree's ``tracing=memory``)."""
+        from dstl_ray.observability import tracing
+
+        return tracing.finished_spans()
+
+    def snapshot(self, checkpoint_id: int = -1) -> list[dict[str, Any]]:
+        """Every hosted subtask's barrier, then wait until all their changelogs are durable;
+        the stage times go back with each snapshot for the profile."""
+        t_call = time.perf_counter()
+        barriers = [t.barrier(checkpoint_id) for t in self.tasks]
+        out = []
+        for fut, t0, t1, t2 in barriers:
+            snap = fut.result(timeout=60).to_dict()
+            t3 = time.perf_counter()
+            out.append({"snapshot": json.dumps(snap), "mailbox_ms": (t1 - t0) * 1000,
+                        "snapshot_call_ms": (t2 - t1) * 1000, "persist_ms": (t3 - t2) * 1000,
+                        "actor_ms": (t3 - t_call) * 1000})
+        return out
 
 
 def trace_stages(actors: list[Any], tree: Any) -> dict[str, Any]:
@@ -149,7 +173,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
     from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
-    from .vs_spark_state_store import FileWatcher
+    from .file_watcher import FileWatcher
 
     base = work / f"dstl-{nodes}{'-traced' if traced else ''}"
     cluster = start_local_cluster(nodes, 2, NS)
@@ -157,12 +181,14 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
         tree = deploy(f"file://{base}", ChangelogConfig(
             namespace=NS, tracing="memory" if traced else "off"), detached=False)
         node_ids = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-        actor = ray.remote(num_cpus=0, max_concurrency=4)(Counter)
+        actor = ray.remote(num_cpus=0, max_concurrency=4)(TaskManager)
 
         def start(restore: str | None) -> list[Any]:
+            """One TaskManager per node; subtask i on node i % nodes."""
             return [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                node_ids[i % len(node_ids)], soft=False)).remote(i, 4, 5000, restore, NS)
-                for i in range(4)]
+                nid, soft=False)).remote([i for i in range(4) if i % len(node_ids) == n],
+                                         4, 5000, restore, NS)
+                for n, nid in enumerate(node_ids)]
 
         coord = CheckpointCoordinator("vsflink", f"file://{base}", max_parallelism=128,
                                       retained=2)
@@ -172,7 +198,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
         def checkpoint(actors: list[Any]) -> float:
             t0 = time.perf_counter()
             cid[0] += 1
-            outs = ray.get([a.snapshot.remote(cid[0]) for a in actors], timeout=120)
+            outs = [o for part in ray.get([a.snapshot.remote(cid[0]) for a in actors],
+                                          timeout=120) for o in part]
             t1 = time.perf_counter()
             coord.complete_checkpoint(cid[0], [KeyedStateSnapshot.from_dict(
                 json.loads(o["snapshot"]), coord.base_path) for o in outs])

@@ -21,16 +21,15 @@ Run: python -m experiments.vs_spark_state_store [--quick]
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from .common import machine, parser, plt, summary, write_results
+from .file_watcher import FileWatcher
 
 NS = "vs-spark"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -41,41 +40,6 @@ def count_sum(key: Any, rows: list[Any], state: Any) -> None:
     c, s = state.value("count"), state.value("sum")
     c.set(c.get(0) + len(rows))
     s.set(s.get(0) + sum(r["amount"] for r in rows))
-
-
-class FileWatcher:
-    """Every file name seen under ``root`` (polled), to count creations, not survivors."""
-
-    def __init__(self, root: Path, interval: float = 0.02) -> None:
-        self.root, self.interval = root, interval
-        self.seen: set[str] = set()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _scan(self) -> None:
-        for dp, _, fs in os.walk(self.root):
-            for f in fs:
-                if not f.endswith(".crc"):  # Hadoop checksum side files
-                    self.seen.add(os.path.join(dp, f))
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._scan()
-            self._stop.wait(self.interval)
-
-    def names(self) -> set[str]:
-        """Every name seen so far, after one more scan."""
-        self._scan()
-        return set(self.seen)
-
-    def __enter__(self) -> FileWatcher:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self._scan()
 
 
 def _progress(q: Any) -> list[dict[str, Any]]:

@@ -64,6 +64,9 @@ class StateChangelogClient:
             w.close()
         self._writers.clear()
         background_deleter().flush(timeout=60)
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
 
     def __enter__(self) -> StateChangelogClient:
         return self

@@ -37,6 +37,7 @@ from .dead_writers import DeadWriters
 from .flush import Flusher, Result
 from .intake import Intake
 from .jobs import Jobs
+from .lane_server import LaneServer
 from .membership import MembershipWatcher, Reconcile
 from .namespaces import Caller, JobNamespaces
 from .peers import Peers, Place
@@ -104,6 +105,10 @@ class ChangelogNode:
                               self._sources, self._batching, self._router, self._flush,
                               self.counters, self.metrics, clock, self._spawn)
         self._membership = MembershipWatcher(self._place, self.base_path, config, reconcile)
+        # writers on this machine call persist_many and mark over a Unix socket
+        # (dstl_ray.transport.lane), the same coroutines as the Ray methods below
+        self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark}) \
+            if config.local_lane == "on" else None
 
     @staticmethod
     def _spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -141,6 +146,15 @@ class ChangelogNode:
     async def ping(self) -> str:
         return self.name
 
+    async def lane(self) -> dict[str, Any] | None:
+        """How a writer on this machine reaches this actor without Ray (None: no lane):
+        socket path, token and machine (dstl_ray.transport.lane). Not part of ``info``: the
+        token is for writers, not for status output."""
+        if self._lane is None:
+            return None
+        await self._lane.start()
+        return self._lane.info()
+
     async def status(self) -> dict[str, Any]:
         b, r = self._batching, self._router
         return build_status(
@@ -152,7 +166,8 @@ class ChangelogNode:
             route_left=r.route_left, dead=self._dead, namespaces=self._namespaces,
             jobs=len(self._jobs.seen), merged_changelog=self._flush.merged_stats(),
             upload=self._uploader.stats, entries=self._entries(),
-            metrics=self.metrics.to_dict())
+            metrics=self.metrics.to_dict(),
+            lane=self._lane.stats() if self._lane is not None else None)
 
     def _entries(self) -> dict[str, int]:
         """Sizes of the per-job, per-writer and per-file tables (nothing may grow without
@@ -287,5 +302,7 @@ class ChangelogNode:
 
     async def shutdown(self) -> None:
         self._membership.stop()
+        if self._lane is not None:
+            await self._lane.close()
         self._uploader.close()
 

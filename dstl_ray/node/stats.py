@@ -62,7 +62,8 @@ def build_status(*, place: Place, node_id: str, raylet_pid: str, started: float,
                  in_flight_limit: int, route: str | None, route_left: int,
                  dead: DeadWriters, namespaces: JobNamespaces, jobs: int,
                  merged_changelog: dict[str, Any], upload: UploadStats,
-                 entries: dict[str, int], metrics: dict[str, Any]) -> dict[str, Any]:
+                 entries: dict[str, int], metrics: dict[str, Any],
+                 lane: dict[str, int] | None = None) -> dict[str, Any]:
     """A node's ``status()``: its place, counters, tables and process."""
     c = counters
     return {
@@ -110,4 +111,5 @@ def build_status(*, place: Place, node_id: str, raylet_pid: str, started: float,
         "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "incarnation": incarnation,
         "metrics": metrics,
+        "lane": lane,  # local lane calls, connections, refused (None: no lane)
     }

@@ -26,6 +26,7 @@ from ..storage.base import join
 from ..storage.deleter import background_deleter
 from .auth import AUTH_MODE_ENV, use_cluster_auth_mode
 from .base import PersistRequest
+from .lane import Lane, LaneClosedError, open_lane
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,9 @@ class RayNodeTransport:
         self.node_name = ""
         self.chosen_by = ""
         self._handle: Any = None
+        # the node's local lane (dstl_ray.transport.lane) when it is on this machine: persist
+        # calls and marks go there instead of through Ray
+        self._lane: Lane | None = None
         # node actors admit a job only from its own namespace (dstl_ray.node.namespaces)
         self._caller = current_caller(caller_namespace)
         self._connect()
@@ -116,6 +120,46 @@ class RayNodeTransport:
         else:
             self.node_name, self._handle, self.chosen_by = find_nearest_node(self.namespace)
         self._stale = False
+        self._open_lane()
+
+    def _open_lane(self) -> None:
+        """(caller holds ``_lock``, or is the constructor) A lane to the node just found, if
+        it offers one on this machine; Ray calls otherwise."""
+        old, self._lane = self._lane, None
+        if old is not None:
+            old.close()
+        try:
+            info = self._call(self._handle.lane.remote(), timeout=30)
+        except Exception as e:  # noqa: BLE001 - an older node, or a dying one: Ray calls
+            log.debug("node %s offers no lane: %s", self.node_name, e)
+            return
+        if info:
+            self._lane = open_lane(info, self.node_name)
+
+    @property
+    def lane(self) -> Lane | None:
+        """The open local lane to the node actor (None: Ray calls)."""
+        return self._lane
+
+    def _node_call(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
+        """``method`` of the node actor, over the lane when there is one, else by Ray. A
+        lane found closed sent nothing: the call goes by Ray, and the node is found again
+        (and a new lane opened) before the next one."""
+        handle, lane = self._ensure(), self._lane
+        if lane is not None:
+            try:
+                return lane.call(method, *args)
+            except LaneClosedError:
+                with self._lock:
+                    self._lane, self._stale = None, True
+        return getattr(handle, method).remote(*args).future()
+
+    def close(self) -> None:
+        """Close the lane (the writers of this transport are closed already)."""
+        with self._lock:
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
 
     def _ensure(self) -> Any:
         with self._lock:
@@ -204,12 +248,12 @@ class RayNodeTransport:
             if not batch:
                 continue
             try:
-                ref = self._ensure().persist_many.remote([r for r, _ in batch])
-                # Ray runs this callback on its own event thread: hand the results to ours,
-                # since what they trigger (writers, backends, users' callbacks, releases)
-                # may call Ray, and a Ray call from Ray's event thread never returns
-                ref.future().add_done_callback(
-                    lambda f, c=call, b=batch: self._answered(c, b, f))
+                answer = self._node_call("persist_many", [r for r, _ in batch])
+                # Ray (or the lane's reader) runs this callback on its own thread: hand the
+                # results to ours, since what they trigger (writers, backends, users'
+                # callbacks, releases) may call Ray, and a Ray call from Ray's event thread
+                # never returns
+                answer.add_done_callback(lambda f, c=call, b=batch: self._answered(c, b, f))
             except Exception as e:  # noqa: BLE001 - every request of the batch learns it
                 with self._cond:
                     self._inflight.pop(call, None)
@@ -281,17 +325,8 @@ class RayNodeTransport:
                 self._stale = True
 
     def _fail(self, batch: _Batch, e: BaseException) -> None:
-        import ray
-
         self._note_unavailable(e)
-        if isinstance(e, ray.exceptions.OwnerDiedError):
-            # the owner of the request is this very process, alive: the node's Ray node could
-            # not call it back to fetch the request (dstl_ray.transport.auth)
-            e = PersistError(
-                f"node actor {self.node_name} could not fetch this process's persist request: "
-                f"Ray took this process for dead because the cluster cannot call it back "
-                f"(is {AUTH_MODE_ENV}={os.environ.get(AUTH_MODE_ENV, '<unset>')!r} the "
-                f"cluster's authentication mode?): {type(e).__name__}: {e}")
+        e = _explained(e, self.node_name)
         for _, fut in batch:
             if not fut.done():
                 fut.set_exception(e)
@@ -304,8 +339,9 @@ class RayNodeTransport:
         (dstl_ray.node.dead_writers); for batching alone a lost mark costs only a delay."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         try:
-            ref = self._ensure().mark.remote(self.job_id, log_id, checkpoint_id, self._caller,
-                                             named)
+            # the same channel as the writer's persist calls
+            answer = self._node_call("mark", self.job_id, log_id, checkpoint_id, self._caller,
+                                     named)
         except Exception as e:  # noqa: BLE001 - the node is gone
             log.debug("mark of %s failed: %s", log_id, e)
             done.set_exception(PersistError(f"mark of log {log_id} for checkpoint "
@@ -338,29 +374,14 @@ class RayNodeTransport:
                     f"checkpoint {checkpoint_id}: {type(e).__name__}: {e}"))
 
         # off Ray's event thread: what the future triggers may call Ray
-        ref.future().add_done_callback(lambda f: self._deliveries.submit(taken, f))
+        answer.add_done_callback(lambda f: self._deliveries.submit(taken, f))
         return done
 
     def retain(self, segment: Segment, log_id: str, incarnation: str = "") -> None:
         """``log_id`` names ``segment`` (restored) too; synchronous, before any request of
         this process can carry a watermark that would free it."""
-        import ray
-
-        try:
-            node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
-            ray.get(node.retain.remote(self.job_id, segment.path, segment.offset, log_id,
-                                       self._caller, incarnation), timeout=30)
-        except ray.exceptions.ActorUnavailableError as e:  # (a RayActorError too)
-            # alive but not reachable now: it still tracks the file and would free it
-            raise NodeUnavailableError(f"cannot tell node {segment.flushed_by} that log "
-                                       f"{log_id} names {segment.path}: {e}") from e
-        except (ValueError, ray.exceptions.RayActorError):
-            pass  # that node actor is gone or restarted: it forgot its files, never deletes
-        except NamespaceError:
-            raise
-        except Exception as e:  # noqa: BLE001 - unsure whether it holds the file for us
-            raise NodeUnavailableError(f"cannot tell node {segment.flushed_by} that log "
-                                       f"{log_id} names {segment.path}: {e}") from e
+        retain_at_node(self.namespace, self.job_id, self._caller, segment, log_id,
+                       incarnation)
 
     def release(self, segment: Segment, log_id: str, used: bool,
                 last_checkpoint: int = -1) -> None:
@@ -377,11 +398,56 @@ class RayNodeTransport:
 
     def _release_now(self, segment: Segment, log_id: str, used: bool,
                      last_checkpoint: int) -> None:
-        import ray
+        release_at_node(self.namespace, self.job_id, self._caller, segment, log_id, used,
+                        last_checkpoint)
 
-        try:
-            node = ray.get_actor(segment.flushed_by, namespace=self.namespace)
-            node.release.remote(self.job_id, segment.path, log_id, used, self._caller,
-                                segment.offset, last_checkpoint)
-        except Exception as e:  # noqa: BLE001 - orphan cleanup after recovery covers it
-            log.debug("release of %s failed: %s", segment.path, e)
+
+def _explained(e: BaseException, node: str) -> BaseException:
+    """``e``, or what it means when Ray says this (alive) process died."""
+    import ray
+
+    if isinstance(e, ray.exceptions.OwnerDiedError):
+        # the owner of the request is this very process, alive: the node's Ray node could
+        # not call it back to fetch the request (dstl_ray.transport.auth)
+        return PersistError(
+            f"node actor {node} could not fetch this process's persist request: Ray took "
+            f"this process for dead because the cluster cannot call it back (is "
+            f"{AUTH_MODE_ENV}={os.environ.get(AUTH_MODE_ENV, '<unset>')!r} the cluster's "
+            f"authentication mode?): {type(e).__name__}: {e}")
+    return e
+
+
+def retain_at_node(namespace: str, job_id: str, caller: Any, segment: Segment, log_id: str,
+                   incarnation: str) -> None:
+    """Tell the node actor that wrote ``segment`` that ``log_id`` names it too."""
+    import ray
+
+    try:
+        node = ray.get_actor(segment.flushed_by, namespace=namespace)
+        ray.get(node.retain.remote(job_id, segment.path, segment.offset, log_id, caller,
+                                   incarnation), timeout=30)
+    except ray.exceptions.ActorUnavailableError as e:  # (a RayActorError too)
+        # alive but not reachable now: it still tracks the file and would free it
+        raise NodeUnavailableError(f"cannot tell node {segment.flushed_by} that log "
+                                   f"{log_id} names {segment.path}: {e}") from e
+    except (ValueError, ray.exceptions.RayActorError):
+        pass  # that node actor is gone or restarted: it forgot its files, never deletes
+    except NamespaceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - unsure whether it holds the file for us
+        raise NodeUnavailableError(f"cannot tell node {segment.flushed_by} that log "
+                                   f"{log_id} names {segment.path}: {e}") from e
+
+
+def release_at_node(namespace: str, job_id: str, caller: Any, segment: Segment, log_id: str,
+                    used: bool, last_checkpoint: int) -> None:
+    """Tell the node actor that wrote ``segment`` that ``log_id`` is done with it (best
+    effort: the orphan cleanup after recovery covers a lost one)."""
+    import ray
+
+    try:
+        node = ray.get_actor(segment.flushed_by, namespace=namespace)
+        node.release.remote(job_id, segment.path, log_id, used, caller, segment.offset,
+                            last_checkpoint)
+    except Exception as e:  # noqa: BLE001 - orphan cleanup after recovery covers it
+        log.debug("release of %s failed: %s", segment.path, e)

@@ -303,3 +303,53 @@ def test_a_node_that_does_not_answer_fails_the_persist_at_its_deadline(tree_fact
         time.sleep(0.2)  # released unused: its node deletes it
     assert ["file://" + p for p in _dstl_files(tmp_path / "dfs")] == h.file_paths()
     client.close()
+
+
+@pytest.mark.parametrize("lane", ["on", "off"])
+def test_writers_on_the_nodes_machine_use_the_local_lane(tree_factory, namespace, tmp_path,
+                                                         lane):
+    """Persist calls and marks of a writer on its node actor's machine go over the local
+    lane (dstl_ray.transport.lane), not Ray; after the node actor is killed and restarted,
+    the writer finds it again and opens a new lane. With local_lane=off: Ray calls only."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.01, local_lane=lane)
+    client = StateChangelogClient("jobl", namespace=namespace)
+    w = client.create_writer("op", KeyGroupRange(0, 0))
+    first = client.transport.lane
+    assert (first is not None) == (lane == "on")
+    w.append(0, b"a")
+    w.persist_durably(0, checkpoint_id=1).result(timeout=30)
+    w.persist_durably(0, checkpoint_id=2).result(timeout=30)  # nothing new: a mark
+    node = tree.node(client.node_name)
+    st = ray.get(node.status.remote())
+    if lane == "on":
+        assert st["lane"]["calls"] >= 2 and st["lane"]["connections"] == 1
+        assert first.calls >= 2
+    else:
+        assert st["lane"] is None
+    ray.kill(node, no_restart=False)
+    deadline = time.monotonic() + 60
+    while True:  # until the restarted actor answers
+        try:
+            if ray.get(node.status.remote(), timeout=10)["incarnation"] != st["incarnation"]:
+                break
+        except Exception:  # noqa: BLE001 - restarting
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    w.append(0, b"b")
+    while True:
+        try:
+            h = w.persist_durably(0, checkpoint_id=3).result(timeout=30)
+            break
+        except PersistError:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    assert list(h.get_state_changes(0)) == [b"a", b"b"]
+    w.append(0, b"c")  # the request that found the lane broken went by Ray; this one
+    h = w.persist_durably(0, checkpoint_id=4).result(timeout=30)  # finds the node again
+    assert list(h.get_state_changes(0)) == [b"a", b"b", b"c"]
+    if lane == "on":
+        assert client.transport.lane is not None and client.transport.lane is not first
+        assert first.closed is not None
+    client.close()
+    assert client.transport.lane is None
