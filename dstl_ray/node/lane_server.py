@@ -10,25 +10,70 @@ calls finish.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import os
-import pickle
 import secrets
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..transport.lane import _LEN, HELLO, METHODS, dump_answer, encode, frame_length, machine_id
+from ..errors import DstlError
+from ..transport.lane import (
+    _LEN,
+    HELLO,
+    METHODS,
+    TOKEN_BYTES,
+    frame,
+    frame_length,
+    hello_bytes,
+    machine_id,
+)
+from ..transport.lane_codec import decode_call, encode_answer
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[Any]]
 
 
-async def _read(reader: asyncio.StreamReader) -> Any:
+DIR_PREFIX = "dstl-lane-"
+
+
+def remove_dead_lanes(root: str | None = None) -> int:
+    """Remove the lane directories (``dstl-lane-<pid>-*``) of this user's node actors whose
+    process is gone (killed: no shutdown ran); returns how many."""
+    root = root or tempfile.gettempdir()
+    removed = 0
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(DIR_PREFIX):
+            continue
+        path = os.path.join(root, name)
+        try:
+            pid = int(name[len(DIR_PREFIX):].split("-", 1)[0])
+            if os.stat(path).st_uid != os.getuid():
+                continue
+        except (ValueError, OSError):
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or another user's: EPERM)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+async def _read(reader: asyncio.StreamReader) -> bytes:
     n = frame_length(await reader.readexactly(_LEN.size))
-    return pickle.loads(await reader.readexactly(n))
+    return await reader.readexactly(n)
 
 
 class LaneServer:
@@ -47,6 +92,7 @@ class LaneServer:
         self.refused = 0
         self._dir: str | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._starting: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -54,10 +100,17 @@ class LaneServer:
         return None if self._dir is None else os.path.join(self._dir, "lane.sock")
 
     async def start(self) -> None:
-        if self._server is not None:
-            return
-        self._dir = tempfile.mkdtemp(prefix="dstl-lane-")  # mode 0700: this user only
-        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        """Listen (once, however many writers ask at the same time)."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._server is not None:
+                return
+            remove_dead_lanes()
+            # mode 0700: this user only; the pid lets a later actor remove it should this
+            # process die without shutting down
+            self._dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
+            self._server = await asyncio.start_unix_server(self._serve, path=self.path)
 
     def info(self) -> dict[str, Any] | None:
         if self._server is None:
@@ -70,18 +123,25 @@ class LaneServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()  # one frame at a time on the socket
         try:
-            hello = await _read(reader)
-            if not (isinstance(hello, tuple) and hello == (HELLO, self.token)):
+            # raw bytes, compared before anything else is read
+            hello = await reader.readexactly(len(HELLO) + TOKEN_BYTES)
+            if not hmac.compare_digest(hello, hello_bytes(self.token)):
                 self.refused += 1
                 log.warning("%s: lane connection without the node's token refused", self.node)
-                writer.write(encode(("refused", self.node)))
+                writer.write(b"NO")
                 await writer.drain()
                 return
             self.connections += 1
-            writer.write(encode(("ok", self.node)))
+            writer.write(b"OK")
             await writer.drain()
             while True:
-                call_id, method, args = await _read(reader)
+                body = await _read(reader)
+                try:
+                    call_id, method, args = decode_call(body)
+                except DstlError as e:
+                    if not hasattr(e, "call_id"):
+                        raise  # no call to answer: this connection is unusable
+                    call_id, method, args = e.call_id, "", (e,)  # answered with the error
                 task = asyncio.get_running_loop().create_task(
                     self._run(call_id, method, args, writer, lock))
                 self._tasks.add(task)
@@ -97,17 +157,20 @@ class LaneServer:
                    writer: asyncio.StreamWriter, lock: asyncio.Lock) -> None:
         self.calls += 1
         try:
+            if method == "":
+                raise args[0]  # a call that did not decode
             handler = self.handlers.get(method)
             if handler is None:
-                raise ValueError(f"the lane carries {METHODS}, not {method!r}")
-            frame = encode((call_id, True, dump_answer(await handler(*args))))
-        except Exception as e:  # noqa: BLE001 - the caller learns it, as from a Ray call
-            frame = encode((call_id, False, dump_answer(e)))
+                raise DstlError(f"the lane carries {METHODS}, not {method!r}")
+            data = frame(encode_answer(call_id, True, await handler(*args)))
+        except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the caller learns it
+            data = frame(encode_answer(call_id, False, e if isinstance(e, Exception) else
+                                       DstlError("the call was cancelled")))
         if writer.is_closing():
             return
         async with lock:
             try:
-                writer.write(frame)
+                writer.write(data)
                 await writer.drain()
             except ConnectionError:
                 pass  # the writer process went away

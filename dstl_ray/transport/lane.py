@@ -5,14 +5,15 @@ Measured on the checkpoint path (issue "checkpoint latency"), a Ray actor call f
 process to its node actor cost 3.3 ms to arrive and 2.2 ms to answer at the median while
 the checkpoint's processes all woke at once, against about 0.6 ms each way on an idle
 machine: Ray's per-call work (task submission, gRPC, scheduling on the actor) is what the
-burst queues behind. The lane carries the same two calls as length-prefixed pickled frames
-on a socket the node actor listens on, straight into the same coroutines, so a request's
-semantics (vetting, admission, batching, deadlines) are exactly those of the Ray call; only
-the carrier changes. Everything else (registration, releases, retains, status) stays on Ray.
+burst queues behind. The lane carries the same two calls as length-prefixed frames (JSON and
+raw bytes, :mod:`.lane_codec`, never pickle) on a socket the node actor listens on, straight
+into the same coroutines, so a request's semantics (vetting, admission, batching, deadlines)
+are exactly those of the Ray call; only the carrier changes. Everything else (registration, releases, retains, status) stays on Ray.
 
 Trust: the socket lives in a directory only the node actor's user can enter, and a
-connection must first present the node's token, which writers get from the node's ``info``
-over Ray; frames are unpickled only after that (as Ray's own calls carry pickled values).
+connection must first present the node's token as raw bytes (compared in constant time),
+which writers get from the node's ``lane()`` method over Ray. Frames are never unpickled:
+each field of a call is decoded and type-checked into its dataclass.
 
 Failure: a lane that breaks (the node actor died, or the socket did) fails every call in
 flight on it with :class:`~dstl_ray.errors.NodeUnavailableError`, as a dead actor fails its
@@ -25,17 +26,20 @@ import concurrent.futures
 import itertools
 import logging
 import os
-import pickle
 import socket
 import struct
 import threading
 from typing import Any
 
 from ..errors import DstlError, NodeUnavailableError
+from .lane_codec import decode_answer, encode_call
 
 log = logging.getLogger(__name__)
 
 HELLO = b"DSTL-LANE/1"
+TOKEN_BYTES = 32  # the token's length in hex characters
+SEND_TIMEOUT_S = 5.0  # a node that takes no bytes for this long breaks the lane (its
+# calls go by Ray, with the transport's deadlines), so no sender thread blocks forever
 METHODS = ("persist_many", "mark")  # what a lane carries; everything else goes by Ray
 _LEN = struct.Struct(">Q")
 MAX_FRAME = 1 << 36  # 64 GiB: a length beyond it is a corrupt frame, not a request
@@ -52,41 +56,18 @@ def machine_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def encode(value: Any) -> bytes:
-    """One frame: an 8-byte length, then the pickled value."""
-    data = pickle.dumps(value, protocol=5)
-    return _LEN.pack(len(data)) + data
+def frame(body: bytes) -> bytes:
+    """One frame: an 8-byte length, then the body (:mod:`.lane_codec`)."""
+    return _LEN.pack(len(body)) + body
 
 
-def dump_answer(value: Any) -> bytes:
-    """A call's answer, pickled on its own inside the answer frame, so a value the caller
-    cannot read fails that call only. An exception that does not pickle (a library's error
-    holding a lock, say) travels as a :class:`DstlError` naming it."""
-    try:
-        return pickle.dumps(value, protocol=5)
-    except Exception:  # noqa: BLE001 - only exceptions can be unpicklable here
-        return pickle.dumps(_picklable(value), protocol=5)
-
-
-def load_answer(ok: bool, data: bytes) -> tuple[bool, Any]:
-    """(ok, value) of an answer :func:`dump_answer` made; one that cannot be unpickled here
-    (an exception class whose constructor takes other arguments) fails its call with a
-    :class:`DstlError` saying so."""
-    try:
-        return ok, pickle.loads(data)
-    except Exception as e:  # noqa: BLE001 - the call learns it failed, the lane lives on
-        return False, DstlError(f"the node's answer could not be read here: "
-                                f"{type(e).__name__}: {e}")
-
-
-def _picklable(value: Any) -> Any:
-    if isinstance(value, BaseException):
-        return DstlError(f"{type(value).__name__}: {value}")
-    if isinstance(value, tuple):
-        return tuple(_picklable(v) for v in value)
-    if isinstance(value, list):
-        return [_picklable(v) for v in value]
-    return value
+def hello_bytes(token: str) -> bytes:
+    """The first bytes of a connection: the protocol and the node's token, raw (the node
+    compares them before it reads anything else)."""
+    raw = token.encode("ascii")
+    if len(raw) != TOKEN_BYTES:
+        raise DstlError(f"a lane token has {TOKEN_BYTES} characters, got {len(raw)}")
+    return HELLO + raw
 
 
 def frame_length(header: bytes) -> int:
@@ -114,11 +95,15 @@ class Lane:
         try:
             self._sock.settimeout(timeout_s)
             self._sock.connect(path)
-            self._sock.sendall(encode((HELLO, token)))
-            answer = self._recv()
-            if answer != ("ok", node):
+            self._sock.sendall(hello_bytes(token))
+            answer = self._recv_exact(2)
+            if answer != b"OK":
                 raise DstlError(f"node {node} refused the lane: {answer!r}")
             self._sock.settimeout(None)
+            # blocking sends, but bounded: see SEND_TIMEOUT_S
+            secs = int(SEND_TIMEOUT_S)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                  struct.pack("ll", secs, int((SEND_TIMEOUT_S - secs) * 1e6)))
         except BaseException:
             self._sock.close()
             raise
@@ -142,9 +127,8 @@ class Lane:
             got += k
         return bytes(buf)
 
-    def _recv(self) -> Any:
-        n = frame_length(self._recv_exact(_LEN.size))
-        return pickle.loads(self._recv_exact(n))
+    def _recv(self) -> bytes:
+        return self._recv_exact(frame_length(self._recv_exact(_LEN.size)))
 
     def call(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
         """Send one call; raises :class:`LaneClosedError` (nothing sent) if the lane is
@@ -157,27 +141,30 @@ class Lane:
                 raise LaneClosedError(f"lane to node {self.node} is closed: {self.closed}")
             call_id = next(self._ids)
             self._pending[call_id] = fut
-        frame = encode((call_id, method, args))
         try:
+            data = frame(encode_call(call_id, method, args))
             with self._send_lock:
-                self._sock.sendall(frame)
-        except OSError as e:
+                self._sock.sendall(data)
+        except BaseException as e:
             with self._lock:
                 self._pending.pop(call_id, None)
+            # a frame may be half sent: the stream is unusable, close it
             self._close(e)
-            raise LaneClosedError(f"lane to node {self.node} broke while sending: {e}") from e
+            if isinstance(e, OSError):
+                raise LaneClosedError(f"lane to node {self.node} broke while sending: "
+                                      f"{e}") from e
+            raise
         self.calls += 1
         return fut
 
     def _read_loop(self) -> None:
         try:
             while True:
-                call_id, ok, data = self._recv()
+                call_id, ok, value = decode_answer(self._recv())
                 with self._lock:
                     fut = self._pending.pop(call_id, None)
                 if fut is None:
                     continue
-                ok, value = load_answer(ok, data)
                 if ok:
                     fut.set_result(value)
                 else:
@@ -200,7 +187,14 @@ class Lane:
                     f"lane to node {self.node} closed with this call in flight: "
                     f"{type(why).__name__}: {why}"))
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 5.0) -> None:
+        """Close, after waiting up to ``drain_s`` for the calls in flight: their answers
+        name segments the node made durable, which the writers then release (failed here,
+        those segments would stay until the job's next recovery cleaned them up)."""
+        with self._lock:
+            waiting = list(self._pending.values())
+        if waiting and self.closed is None:
+            concurrent.futures.wait(waiting, timeout=drain_s)
         self._close(ConnectionAbortedError("closed by the writer side"))
         self._sock.close()
 

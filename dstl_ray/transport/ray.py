@@ -151,7 +151,8 @@ class RayNodeTransport:
                 return lane.call(method, *args)
             except LaneClosedError:
                 with self._lock:
-                    self._lane, self._stale = None, True
+                    if self._lane is lane:  # not a lane another thread opened since
+                        self._lane, self._stale = None, True
         return getattr(handle, method).remote(*args).future()
 
     def close(self) -> None:

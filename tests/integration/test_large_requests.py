@@ -125,8 +125,10 @@ def test_64_mib_requests_from_ray_tasks_in_another_namespace(tree_factory, names
 def test_a_sender_the_cluster_cannot_call_back_gets_a_clear_error(tree_factory, namespace,
                                                                   ray_cluster, tmp_path):
     """A driver forced into token mode on a cluster without tokens: its large request to a
-    node actor on another Ray node fails naming the authentication mode, not "owner died"."""
-    tree = tree_factory(base=f"file://{tmp_path}/dfs")
+    node actor on another Ray node fails naming the authentication mode, not "owner died".
+    (Ray calls only: over the local lane, which every node of this one-machine cluster
+    offers, the node never calls the sender back.)"""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", local_lane="off")
     st = tree.status()
     far = [(s["name"], s["node_id"]) for s in st if s["name"] != tree.root][:1]
     res = _run(ray_cluster, tmp_path, namespace, namespace, 1 * MIB, far, ray_tasks=False,

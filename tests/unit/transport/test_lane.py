@@ -13,9 +13,26 @@ from collections.abc import Iterator
 
 import pytest
 
-from dstl_ray.errors import DstlError, NodeUnavailableError, PersistError
+from dstl_ray.errors import DstlError, FencedError, NodeUnavailableError, PersistError
+from dstl_ray.format.changelog import BlockIndex, EncodedSection
+from dstl_ray.log.handle import Segment
 from dstl_ray.node.lane_server import LaneServer
-from dstl_ray.transport.lane import Lane, LaneClosedError, encode, machine_id, open_lane
+from dstl_ray.node.namespaces import Caller
+from dstl_ray.transport.base import PersistRequest
+from dstl_ray.transport.lane import Lane, LaneClosedError, frame, machine_id, open_lane
+from dstl_ray.transport.lane_codec import decode_answer, decode_call, encode_answer, encode_call
+
+
+def _req(tag: str, data: bytes | None = None) -> PersistRequest:
+    log = bytes(range(16))
+    body = data if data is not None else tag.encode()
+    section = EncodedSection(log, body, (BlockIndex(log, 3, 1, 2, 0, len(body)),), 1, 2, 0)
+    return PersistRequest("job", section, tag, (("traceparent", "00-ab-cd-01"),), 7,
+                          Caller("ns", "01000000", True), 4, "inc-1", 6)
+
+
+def _seg(tag: str) -> Segment:
+    return Segment(f"dstl/node-a/{tag}.dstl", 0, len(tag), 1, 2, "node-a")
 
 
 class _Loop:
@@ -35,7 +52,7 @@ class _Loop:
 
 
 class _Unpicklable(Exception):
-    def __init__(self, a, b):  # pickle calls __init__ with args=(msg,): fails
+    def __init__(self, a, b):  # not a dstl_ray error: it comes back as a DstlError naming it
         super().__init__(f"{a}/{b}")
         self.lock = threading.Lock()
 
@@ -47,14 +64,17 @@ def served() -> Iterator[tuple[LaneServer, _Loop, list]]:
     release = asyncio.Event()
 
     async def persist_many(requests):
-        seen.append(("persist_many", list(requests)))
-        if requests == ["hold"]:
+        tags = [r.source for r in requests]
+        seen.append(("persist_many", tags))
+        if tags == ["hold"]:
             await release.wait()
-        if requests == ["fail"]:
+        if tags == ["fail"]:
             raise PersistError("no space left")
-        if requests == ["odd"]:
+        if tags == ["odd"]:
             raise _Unpicklable(1, 2)
-        return [f"seg-{r}" for r in requests]
+        if tags == ["fenced"]:
+            return [FencedError("job is fenced")]
+        return [_seg(t) for t in tags]
 
     async def mark(job_id, source, checkpoint_id, caller=None, named=None):
         seen.append(("mark", job_id, source, checkpoint_id, named))
@@ -74,9 +94,9 @@ def test_calls_reach_the_handlers_in_order_and_answer_their_callers(served):
                                                    .st_mode)[-3:] == "700"
     lane = open_lane(info, "node-a")
     assert isinstance(lane, Lane)
-    futs = [lane.call("persist_many", [f"r{i}"]) for i in range(50)]
+    futs = [lane.call("persist_many", [_req(f"r{i}")]) for i in range(50)]
     futs.append(lane.call("mark", "job", "log1", 7, None, 3))
-    assert [f.result(5) for f in futs[:-1]] == [[f"seg-r{i}"] for i in range(50)]
+    assert [f.result(5) for f in futs[:-1]] == [[_seg(f"r{i}")] for i in range(50)]
     assert futs[-1].result(5) is None
     assert seen[:50] == [("persist_many", [f"r{i}"]) for i in range(50)]
     assert seen[50] == ("mark", "job", "log1", 7, 3)
@@ -84,14 +104,16 @@ def test_calls_reach_the_handlers_in_order_and_answer_their_callers(served):
     lane.close()
 
 
-def test_errors_come_back_to_their_call_even_when_they_do_not_pickle(served):
+def test_errors_come_back_to_their_call_as_their_class(served):
     server, _loop, _seen = served
     lane = open_lane(server.info(), "node-a")
     with pytest.raises(PersistError, match="no space left"):
-        lane.call("persist_many", ["fail"]).result(5)
+        lane.call("persist_many", [_req("fail")]).result(5)
     with pytest.raises(DstlError, match="_Unpicklable: 1/2"):
-        lane.call("persist_many", ["odd"]).result(5)
-    assert lane.call("persist_many", ["ok"]).result(5) == ["seg-ok"]  # still usable
+        lane.call("persist_many", [_req("odd")]).result(5)
+    (e,) = lane.call("persist_many", [_req("fenced")]).result(5)  # a per-request error
+    assert type(e) is FencedError and str(e) == "job is fenced"
+    assert lane.call("persist_many", [_req("ok")]).result(5) == [_seg("ok")]  # still usable
     with pytest.raises(DstlError, match="carries"):
         lane.call("register_writer", "x")  # only persist_many and mark go by lane
     lane.close()
@@ -100,11 +122,11 @@ def test_errors_come_back_to_their_call_even_when_they_do_not_pickle(served):
 def test_a_slow_call_does_not_hold_up_the_next(served):
     server, _loop, _seen = served
     lane = open_lane(server.info(), "node-a")
-    held = lane.call("persist_many", ["hold"])
-    assert lane.call("persist_many", ["quick"]).result(5) == ["seg-quick"]
+    held = lane.call("persist_many", [_req("hold")])
+    assert lane.call("persist_many", [_req("quick")]).result(5) == [_seg("quick")]
     assert not held.done()
     server.release()
-    assert held.result(5) == ["seg-hold"]
+    assert held.result(5) == [_seg("hold")]
     lane.close()
 
 
@@ -113,34 +135,44 @@ def test_a_wrong_token_is_refused(served):
     info = dict(server.info(), token="0" * 32)
     with pytest.raises(DstlError, match="refused"):
         Lane(info["path"], info["token"], "node-a")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a pickle instead of the hello
+    s.connect(info["path"])
+    s.settimeout(5)
+    s.sendall(frame(b"DSTL-LANE/1" + server.token.encode()))  # a frame, not the raw hello
+    assert s.recv(2) == b"NO"
+    s.close()
     assert open_lane(info, "node-a") is None  # the transport then uses Ray
-    assert server.stats()["refused"] == 2 and not seen
+    assert server.stats()["refused"] == 3 and not seen
 
 
 def test_a_garbage_frame_closes_that_connection_only(served):
     server, _loop, _seen = served
+    from dstl_ray.transport.lane import hello_bytes
+
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(server.info()["path"])
-    s.sendall(b"\xff" * 8 + b"junk")  # a length no frame has
     s.settimeout(5)
+    s.sendall(hello_bytes(server.info()["token"]))
+    assert s.recv(2) == b"OK"
+    s.sendall(b"\xff" * 8 + b"junk")  # a length no frame has
     assert s.recv(1) == b""  # closed by the server
     s.close()
     lane = open_lane(server.info(), "node-a")
-    assert lane.call("persist_many", ["ok"]).result(5) == ["seg-ok"]
+    assert lane.call("persist_many", [_req("ok")]).result(5) == [_seg("ok")]
     lane.close()
 
 
 def test_a_lane_that_breaks_fails_its_calls_in_flight(served):
     server, loop, _seen = served
     lane = open_lane(server.info(), "node-a")
-    held = lane.call("persist_many", ["hold"])
+    held = lane.call("persist_many", [_req("hold")])
     loop.run(server.close())  # the server stops listening; the connection stays up
     lane._sock.shutdown(socket.SHUT_RDWR)  # the node process dies: the socket goes
     with pytest.raises(LaneClosedError) as e:
         held.result(5)
     assert isinstance(e.value, NodeUnavailableError)  # the transport finds its node again
     with pytest.raises(LaneClosedError):
-        lane.call("persist_many", ["after"])  # nothing sent: the caller goes by Ray
+        lane.call("persist_many", [_req("after")])  # nothing sent: the caller goes by Ray
     lane.close()
 
 
@@ -150,20 +182,112 @@ def test_no_lane_to_another_machine_or_a_missing_socket(served):
     assert open_lane(dict(server.info(), path="/nonexistent/lane.sock"), "node-a") is None
 
 
-def test_frames_carry_large_values():
-    data = os.urandom(3 << 20)
-    frame = encode((1, True, [data]))
-    assert len(frame) > 3 << 20 and frame[:8] == (len(frame) - 8).to_bytes(8, "big")
+def test_calls_and_answers_round_trip_without_pickle():
+    big = os.urandom(3 << 20)
+    reqs = [_req("a"), _req("b", big)]
+    call_id, method, (got,) = decode_call(encode_call(9, "persist_many", (reqs,)))
+    assert (call_id, method) == (9, "persist_many") and got == reqs
+    assert decode_call(encode_call(2, "mark", ("job", "log", 4, Caller("ns"), None))) == (
+        2, "mark", ("job", "log", 4, Caller("ns"), None))
+    answer = [_seg("a"), PersistError("disk full")]
+    cid, ok, value = decode_answer(encode_answer(9, True, answer))
+    assert (cid, ok) == (9, True) and value[0] == _seg("a")
+    assert type(value[1]) is PersistError and str(value[1]) == "disk full"
+    assert decode_answer(encode_answer(3, True, None)) == (3, True, None)
+    cid, ok, value = decode_answer(encode_answer(4, False, KeyError("x")))
+    assert not ok and type(value) is DstlError and "KeyError" in str(value)
 
 
-class _TwoArgs(Exception):
-    def __init__(self, a, b):  # pickles, but unpickling calls __init__ with one argument
-        super().__init__(f"{a}-{b}")
+@pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x05{}", b"\x00\x00\x00\x02{}junk",
+                                  b"\x00\x00\x00\x09{\"b\":[99]}"])
+def test_malformed_frames_are_refused_by_name(body):
+    with pytest.raises(DstlError, match="malformed lane frame"):
+        decode_call(body)
 
 
-def test_an_answer_the_writer_cannot_read_fails_that_call_only():
-    from dstl_ray.transport.lane import dump_answer, load_answer
+def test_a_call_with_bad_fields_is_answered_with_the_error():
+    import json
+    import struct
 
-    ok, value = load_answer(False, dump_answer(_TwoArgs(1, 2)))
-    assert not ok and isinstance(value, DstlError) and "could not be read" in str(value)
-    assert load_answer(True, dump_answer(["seg"])) == (True, ["seg"])
+    head = json.dumps({"id": 5, "m": "mark", "a": ["job", 3, 4, None, None], "b": []}).encode()
+    with pytest.raises(DstlError, match="source") as e:
+        decode_call(struct.pack(">I", len(head)) + head)
+    assert e.value.call_id == 5  # the server answers call 5 with it; the lane lives on
+    head = json.dumps({"id": 6, "m": "exec", "b": []}).encode()
+    with pytest.raises(DstlError, match="carries") as e:
+        decode_call(struct.pack(">I", len(head)) + head)
+    assert e.value.call_id == 6
+
+
+def test_close_waits_for_the_calls_in_flight(served):
+    server, _loop, _seen = served
+    lane = open_lane(server.info(), "node-a")
+    held = lane.call("persist_many", [_req("hold")])
+    threading.Timer(0.3, server.release).start()
+    lane.close(drain_s=5)  # the answer names a durable segment: wait for it
+    assert held.result(0) == [_seg("hold")]
+
+
+def test_lane_directories_of_dead_actors_are_removed(tmp_path):
+    import subprocess
+
+    from dstl_ray.node.lane_server import DIR_PREFIX, remove_dead_lanes
+
+    p = subprocess.Popen(["true"])
+    p.wait()  # a pid that is gone
+    dead = tmp_path / f"{DIR_PREFIX}{p.pid}-x"
+    alive = tmp_path / f"{DIR_PREFIX}{os.getpid()}-y"
+    other = tmp_path / "dstl-lane-notapid"
+    for d in (dead, alive, other):
+        d.mkdir()
+    assert remove_dead_lanes(str(tmp_path)) == 1
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_concurrent_starts_listen_once():
+    import tempfile
+
+    from dstl_ray.node.lane_server import DIR_PREFIX
+
+    def mine() -> set[str]:
+        return {d for d in os.listdir(tempfile.gettempdir())
+                if d.startswith(f"{DIR_PREFIX}{os.getpid()}-")}
+
+    before = mine()
+    loop = _Loop()
+    server = LaneServer("node-b", {})
+
+    async def three():
+        await asyncio.gather(server.start(), server.start(), server.start())
+
+    loop.run(three())
+    assert len(mine() - before) == 1  # one directory, one server
+    loop.run(server.close())
+    assert mine() == before
+    loop.stop()
+
+
+def test_the_server_answers_a_bad_call_and_keeps_the_connection(served):
+    import json
+    import struct
+
+    from dstl_ray.transport.lane import hello_bytes
+
+    server, _loop, seen = served
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(server.info()["path"])
+    s.settimeout(5)
+    s.sendall(hello_bytes(server.token))
+    assert s.recv(2) == b"OK"
+    head = json.dumps({"id": 5, "m": "mark", "a": ["job", 3, 4, None, None], "b": []}).encode()
+    s.sendall(frame(struct.pack(">I", len(head)) + head))
+    s.sendall(frame(encode_call(6, "mark", ("job", "log", 4, None, None))))
+
+    def answer():
+        n = int.from_bytes(s.recv(8, socket.MSG_WAITALL), "big")
+        return decode_answer(s.recv(n, socket.MSG_WAITALL))
+
+    got = dict((cid, (ok, v)) for cid, ok, v in (answer(), answer()))
+    assert got[5][0] is False and "source" in str(got[5][1])
+    assert got[6] == (True, None) and ("mark", "job", "log", 4, None) in seen
+    s.close()

@@ -1,0 +1,214 @@
+"""The local lane's messages (dstl_ray.transport.lane), without pickle: a JSON header and the
+sections' bytes as binary blobs. Only the two calls the lane carries and their answers exist,
+each decoded into its dataclasses with every field's type checked, so a frame can never make
+the node actor run code, and a malformed one fails with a :class:`DstlError` naming it.
+
+Body of a frame: u32 header length | header (JSON, UTF-8) | blobs (lengths in ``header["b"]``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from .. import errors
+from ..errors import DstlError
+from ..format.changelog import BlockIndex, EncodedSection
+from ..log.handle import Segment
+from ..node.namespaces import Caller
+from .base import PersistRequest
+
+_U32 = struct.Struct(">I")
+
+
+class _Blobs:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def add(self, data: bytes) -> int:
+        self.parts.append(data)
+        return len(self.parts) - 1
+
+
+def _pack(header: dict[str, Any], blobs: _Blobs) -> bytes:
+    header["b"] = [len(p) for p in blobs.parts]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([_U32.pack(len(head)), head, *blobs.parts])
+
+
+def _unpack(body: bytes) -> tuple[dict[str, Any], list[memoryview]]:
+    try:
+        (n,) = _U32.unpack_from(body)
+        header = json.loads(bytes(body[4:4 + n]))
+        lengths = header["b"]
+        blobs, pos = [], 4 + n
+        view = memoryview(body)
+        for ln in lengths:
+            if not isinstance(ln, int) or ln < 0 or pos + ln > len(body):
+                raise ValueError("blob lengths beyond the frame")
+            blobs.append(view[pos:pos + ln])
+            pos += ln
+        if pos != len(body) or not isinstance(header, dict):
+            raise ValueError("bytes after the last blob")
+        return header, blobs
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise DstlError(f"malformed lane frame: {type(e).__name__}: {e}") from None
+
+
+def _want(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise DstlError(f"malformed lane frame: {what} is {type(value).__name__}")
+    return value
+
+
+# ---------------------------------------------------------------------- values
+
+
+def _caller_out(c: Caller | None) -> Any:
+    return None if c is None else [c.namespace, c.ray_job, c.driver]
+
+
+def _caller_in(v: Any) -> Caller | None:
+    if v is None:
+        return None
+    ns, job, driver = _want(v, list, "caller")
+    return Caller(_want(ns, str, "caller namespace"), _want(job, str, "caller job"),
+                  _want(driver, bool, "caller driver"))
+
+
+def _request_out(r: PersistRequest, blobs: _Blobs) -> dict[str, Any]:
+    s = r.section
+    return {"job": r.job_id, "src": r.source, "trace": [list(t) for t in r.trace],
+            "ckpt": r.checkpoint_id, "caller": _caller_out(r.caller), "sub": r.subsumed,
+            "inc": r.incarnation, "named": r.named,
+            "sec": {"log": s.log_id.hex(), "data": blobs.add(s.data),
+                    "idx": [[e.log_id.hex(), e.key_group, e.sqn_min, e.sqn_max, e.offset,
+                             e.length] for e in s.index],
+                    "sqn": [s.sqn_min, s.sqn_max], "flags": s.flags}}
+
+
+def _ints(values: Any, n: int, what: str) -> list[int]:
+    values = _want(values, list, what)
+    if len(values) != n:
+        raise DstlError(f"malformed lane frame: {what} has {len(values)} items, not {n}")
+    return [_want(v, int, what) for v in values]
+
+
+def _hex(v: Any, what: str) -> bytes:
+    try:
+        return bytes.fromhex(_want(v, str, what))
+    except ValueError:
+        raise DstlError(f"malformed lane frame: {what} is not hex") from None
+
+
+def _request_in(d: Any, blobs: list[memoryview]) -> PersistRequest:
+    d = _want(d, dict, "request")
+    s = _want(d["sec"], dict, "section")
+    index = []
+    for e in _want(s["idx"], list, "section index"):
+        e = _want(e, list, "index entry")
+        if len(e) != 6:
+            raise DstlError("malformed lane frame: index entry")
+        kg, smin, smax, off, ln = _ints(e[1:], 5, "index entry")
+        index.append(BlockIndex(_hex(e[0], "index log id"), kg, smin, smax, off, ln))
+    smin, smax = _ints(s["sqn"], 2, "section sqns")
+    data = blobs[_want(s["data"], int, "section data")]
+    section = EncodedSection(_hex(s["log"], "log id"), bytes(data), tuple(index), smin, smax,
+                             _want(s["flags"], int, "flags"))
+    trace = tuple((_want(k, str, "trace"), _want(v, str, "trace"))
+                  for k, v in (_want(t, list, "trace") for t in _want(d["trace"], list,
+                                                                      "trace")))
+    return PersistRequest(_want(d["job"], str, "job id"), section, _want(d["src"], str, "source"),
+                          trace, _want(d["ckpt"], int, "checkpoint id"),
+                          _caller_in(d["caller"]), _want(d["sub"], int, "subsumed"),
+                          _want(d["inc"], str, "incarnation"), _want(d["named"], int, "named"))
+
+
+def _error_out(e: BaseException) -> list[str]:
+    return [type(e).__name__, str(e)]
+
+
+def _error_in(v: Any) -> DstlError:
+    """The error as its class when it is one of dstl_ray.errors, else a DstlError naming it."""
+    name, message = (_want(x, str, "error") for x in _want(v, list, "error"))
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, DstlError):
+        try:
+            return cls(message)
+        except Exception:  # noqa: BLE001 - a class with another constructor
+            pass
+    return DstlError(f"{name}: {message}")
+
+
+# ---------------------------------------------------------------------- calls
+
+
+def encode_call(call_id: int, method: str, args: tuple[Any, ...]) -> bytes:
+    blobs = _Blobs()
+    if method == "persist_many":
+        (requests,) = args
+        header = {"id": call_id, "m": method, "r": [_request_out(r, blobs) for r in requests]}
+    elif method == "mark":
+        job_id, source, checkpoint_id, caller, named = args
+        header = {"id": call_id, "m": method,
+                  "a": [job_id, source, checkpoint_id, _caller_out(caller), named]}
+    else:
+        raise DstlError(f"the lane carries persist_many and mark, not {method!r}")
+    return _pack(header, blobs)
+
+
+def decode_call(body: bytes) -> tuple[int, str, tuple[Any, ...]]:
+    """(call id, method, args); a malformed call raises :class:`DstlError` (its id, when
+    readable, is in ``.call_id`` so that call alone can be answered)."""
+    header, blobs = _unpack(body)
+    call_id = _want(header.get("id"), int, "call id")
+    try:
+        method = header.get("m")
+        if method == "persist_many":
+            return call_id, method, ([_request_in(r, blobs)
+                                      for r in _want(header["r"], list, "requests")],)
+        if method == "mark":
+            job_id, source, checkpoint_id, caller, named = _want(header["a"], list, "args")
+            return call_id, method, (
+                _want(job_id, str, "job id"), _want(source, str, "source"),
+                _want(checkpoint_id, int, "checkpoint id"), _caller_in(caller),
+                None if named is None else _want(named, int, "named"))
+        raise DstlError(f"the lane carries persist_many and mark, not {method!r}")
+    except (KeyError, TypeError, ValueError, IndexError, DstlError) as e:
+        err = e if isinstance(e, DstlError) else DstlError(
+            f"malformed lane call: {type(e).__name__}: {e}")
+        err.call_id = call_id  # type: ignore[attr-defined]
+        raise err from None
+
+
+def encode_answer(call_id: int, ok: bool, value: Any) -> bytes:
+    """``value``: a persist_many result (segments or exceptions), None (mark), or the
+    exception the call raised (``ok`` False)."""
+    if not ok:
+        v: Any = {"err": _error_out(value)}
+    elif value is None:
+        v = None
+    else:
+        v = [{"err": _error_out(x)} if isinstance(x, BaseException) else {"seg": x.to_json()}
+             for x in value]
+    return _pack({"id": call_id, "ok": ok, "v": v}, _Blobs())
+
+
+def decode_answer(body: bytes) -> tuple[int, bool, Any]:
+    """(call id, ok, value); a value that does not decode fails its call (ok False) with a
+    :class:`DstlError` saying why."""
+    header, _ = _unpack(body)
+    call_id = _want(header.get("id"), int, "call id")
+    try:
+        ok, v = _want(header["ok"], bool, "ok"), header["v"]
+        if not ok:
+            return call_id, False, _error_in(_want(v, dict, "answer")["err"])
+        if v is None:
+            return call_id, True, None
+        return call_id, True, [_error_in(x["err"]) if "err" in x else Segment.from_json(x["seg"])
+                               for x in (_want(y, dict, "result") for y in
+                                         _want(v, list, "results"))]
+    except (KeyError, TypeError, ValueError, DstlError) as e:
+        return call_id, False, DstlError(f"the node's answer could not be read here: "
+                                         f"{type(e).__name__}: {e}")
