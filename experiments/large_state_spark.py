@@ -346,6 +346,8 @@ def _child(a: argparse.Namespace) -> None:
         _save(out, res)
         from pyspark.sql import functions as F
 
+        from spark_glue.pipeline import publish
+
         spark = _session(a, work)
         pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
         res["spark_version"] = spark.version
@@ -357,9 +359,7 @@ def _child(a: argparse.Namespace) -> None:
                     .option("checkpointLocation", str(chk)).start())
 
         def feed(i: int) -> None:
-            dst = src / files[i].name
-            os.replace(files[i], dst)
-            os.utime(dst)  # the file source orders new files by modification time
+            publish(files[i], src / files[i].name)  # in order, as the file source reads
 
         def run_batch(i: int) -> None:
             res["phase"] = f"batch {i}" + (" (first, all keys)" if i == 0 else "")

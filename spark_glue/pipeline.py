@@ -40,9 +40,9 @@ def publish(tmp: Path, final: Path) -> None:
 def write_event_file(folder: Path, index: int, events: int, users: int, seed: int,
                      event_time_ms: int | None = None, span_ms: int = 1000) -> int:
     """Write ``events`` JSON events as ``events-{index}.json`` (:func:`publish`: the file
-    source sees complete files, in the order they were written); returns the number written. With ``event_time_ms``, each event has
-    an event time ``ts`` (ms) in ``[event_time_ms, event_time_ms + span_ms)``, the file's
-    events in time order."""
+    source sees complete files, in the order they were written); returns the number written.
+    With ``event_time_ms``, each event has an event time ``ts`` (ms) in ``[event_time_ms,
+    event_time_ms + span_ms)``, the file's events in time order."""
     rng = random.Random(seed * 1_000_003 + index)
     evs = [{"user": f"u{rng.randrange(users)}", "amount": rng.randint(1, 100)}
            for _ in range(events)]
@@ -67,7 +67,8 @@ def json_lines(files: Iterable[Path]) -> Iterator[Any]:
 
 def write_distinct_key_file(folder: Path, index: int, keys: int, seed: int) -> int:
     """Write ``keys`` events of ``keys`` distinct users (``k0000000``...) as
-    ``events-{index}.json`` (:func:`publish`): one micro-batch of that many keys; returns the number written."""
+    ``events-{index}.json`` (:func:`publish`): one micro-batch of that many keys; returns
+    the number written."""
     rng = random.Random(seed * 1_000_003 + index)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".events-{index:05d}.tmp"

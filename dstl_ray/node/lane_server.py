@@ -20,17 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import DstlError
-from ..transport.lane import (
-    _LEN,
-    HELLO,
-    METHODS,
-    TOKEN_BYTES,
-    frame,
-    frame_length,
-    hello_bytes,
-    machine_id,
-)
-from ..transport.lane_codec import decode_call, encode_answer
+from ..transport.lane import _LEN, HELLO, TOKEN_BYTES, frame, frame_length, hello_bytes, machine_id
+from ..transport.lane_codec import METHODS, decode_call, encode_answer
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +67,13 @@ async def _read(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(n)
 
 
+async def _failed(e: BaseException) -> Any:
+    raise e
+
+
 class LaneServer:
     """Listens on ``<private temp dir>/lane.sock`` once :meth:`start` ran on the actor's loop;
-    ``info()`` is what writers need to connect (the node's ``info`` carries it)."""
+    ``info()`` is what writers need to connect (the node's ``lane()`` method returns it)."""
 
     def __init__(self, node: str, handlers: dict[str, Handler]) -> None:
         unknown = set(handlers) - set(METHODS)
@@ -92,7 +87,7 @@ class LaneServer:
         self.refused = 0
         self._dir: str | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._starting: asyncio.Lock | None = None
+        self._starting = asyncio.Lock()  # (bound to the loop on first use)
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -101,8 +96,6 @@ class LaneServer:
 
     async def start(self) -> None:
         """Listen (once, however many writers ask at the same time)."""
-        if self._starting is None:
-            self._starting = asyncio.Lock()
         async with self._starting:
             if self._server is not None:
                 return
@@ -138,12 +131,15 @@ class LaneServer:
                 body = await _read(reader)
                 try:
                     call_id, method, args = decode_call(body)
+                    handler = self.handlers.get(method)
+                    work = handler(*args) if handler is not None else _failed(
+                        DstlError(f"node {self.node} takes no {method!r} by lane"))
                 except DstlError as e:
                     if not hasattr(e, "call_id"):
                         raise  # no call to answer: this connection is unusable
-                    call_id, method, args = e.call_id, "", (e,)  # answered with the error
+                    call_id, work = e.call_id, _failed(e)  # answered with the error
                 task = asyncio.get_running_loop().create_task(
-                    self._run(call_id, method, args, writer, lock))
+                    self._run(call_id, work, writer, lock))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -153,16 +149,11 @@ class LaneServer:
         finally:
             writer.close()
 
-    async def _run(self, call_id: int, method: str, args: tuple[Any, ...],
-                   writer: asyncio.StreamWriter, lock: asyncio.Lock) -> None:
+    async def _run(self, call_id: int, work: Awaitable[Any], writer: asyncio.StreamWriter,
+                   lock: asyncio.Lock) -> None:
         self.calls += 1
         try:
-            if method == "":
-                raise args[0]  # a call that did not decode
-            handler = self.handlers.get(method)
-            if handler is None:
-                raise DstlError(f"the lane carries {METHODS}, not {method!r}")
-            data = frame(encode_answer(call_id, True, await handler(*args)))
+            data = frame(encode_answer(call_id, True, await work))
         except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the caller learns it
             data = frame(encode_answer(call_id, False, e if isinstance(e, Exception) else
                                        DstlError("the call was cancelled")))

@@ -8,7 +8,8 @@ machine: Ray's per-call work (task submission, gRPC, scheduling on the actor) is
 burst queues behind. The lane carries the same two calls as length-prefixed frames (JSON and
 raw bytes, :mod:`.lane_codec`, never pickle) on a socket the node actor listens on, straight
 into the same coroutines, so a request's semantics (vetting, admission, batching, deadlines)
-are exactly those of the Ray call; only the carrier changes. Everything else (registration, releases, retains, status) stays on Ray.
+are exactly those of the Ray call; only the carrier changes. Everything else
+(registration, releases, retains, status) stays on Ray.
 
 Trust: the socket lives in a directory only the node actor's user can enter, and a
 connection must first present the node's token as raw bytes (compared in constant time),
@@ -40,7 +41,6 @@ HELLO = b"DSTL-LANE/1"
 TOKEN_BYTES = 32  # the token's length in hex characters
 SEND_TIMEOUT_S = 5.0  # a node that takes no bytes for this long breaks the lane (its
 # calls go by Ray, with the transport's deadlines), so no sender thread blocks forever
-METHODS = ("persist_many", "mark")  # what a lane carries; everything else goes by Ray
 _LEN = struct.Struct(">Q")
 MAX_FRAME = 1 << 36  # 64 GiB: a length beyond it is a corrupt frame, not a request
 
@@ -132,17 +132,16 @@ class Lane:
 
     def call(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
         """Send one call; raises :class:`LaneClosedError` (nothing sent) if the lane is
-        broken, so the caller can go by Ray instead."""
-        if method not in METHODS:
-            raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
+        broken, so the caller can go by Ray instead. A call that does not encode (an unknown
+        method, a bad argument) raises and leaves the lane as it was."""
+        call_id = next(self._ids)
+        data = frame(encode_call(call_id, method, args))
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self.closed is not None:
                 raise LaneClosedError(f"lane to node {self.node} is closed: {self.closed}")
-            call_id = next(self._ids)
             self._pending[call_id] = fut
         try:
-            data = frame(encode_call(call_id, method, args))
             with self._send_lock:
                 self._sock.sendall(data)
         except BaseException as e:

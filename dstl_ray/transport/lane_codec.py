@@ -20,6 +20,7 @@ from ..node.namespaces import Caller
 from .base import PersistRequest
 
 _U32 = struct.Struct(">I")
+METHODS = ("persist_many", "mark")  # what a lane carries; everything else goes by Ray
 
 
 class _Blobs:
@@ -154,7 +155,7 @@ def encode_call(call_id: int, method: str, args: tuple[Any, ...]) -> bytes:
         header = {"id": call_id, "m": method,
                   "a": [job_id, source, checkpoint_id, _caller_out(caller), named]}
     else:
-        raise DstlError(f"the lane carries persist_many and mark, not {method!r}")
+        raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
     return _pack(header, blobs)
 
 
@@ -174,7 +175,7 @@ def decode_call(body: bytes) -> tuple[int, str, tuple[Any, ...]]:
                 _want(job_id, str, "job id"), _want(source, str, "source"),
                 _want(checkpoint_id, int, "checkpoint id"), _caller_in(caller),
                 None if named is None else _want(named, int, "named"))
-        raise DstlError(f"the lane carries persist_many and mark, not {method!r}")
+        raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
     except (KeyError, TypeError, ValueError, IndexError, DstlError) as e:
         err = e if isinstance(e, DstlError) else DstlError(
             f"malformed lane call: {type(e).__name__}: {e}")

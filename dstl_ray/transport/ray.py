@@ -126,8 +126,8 @@ class RayNodeTransport:
         """(caller holds ``_lock``, or is the constructor) A lane to the node just found, if
         it offers one on this machine; Ray calls otherwise."""
         old, self._lane = self._lane, None
-        if old is not None:
-            old.close()
+        if old is not None:  # its close waits for calls in flight: not under our lock
+            threading.Thread(target=old.close, daemon=True, name="dstl-lane-close").start()
         try:
             info = self._call(self._handle.lane.remote(), timeout=30)
         except Exception as e:  # noqa: BLE001 - an older node, or a dying one: Ray calls

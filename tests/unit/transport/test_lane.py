@@ -116,6 +116,8 @@ def test_errors_come_back_to_their_call_as_their_class(served):
     assert lane.call("persist_many", [_req("ok")]).result(5) == [_seg("ok")]  # still usable
     with pytest.raises(DstlError, match="carries"):
         lane.call("register_writer", "x")  # only persist_many and mark go by lane
+    assert lane.closed is None  # a call that does not encode leaves the lane as it was
+    assert lane.call("persist_many", [_req("after")]).result(5) == [_seg("after")]
     lane.close()
 
 
