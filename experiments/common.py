@@ -60,10 +60,27 @@ def plt():
 
 
 def count_at_rate(state: Any, keys: list[Any], rng: Any, rate: float, stop: Any,
-                  mailbox: Any, batch: int = 100) -> None:
+                  mailbox: Any, batch: int = 100, burst_from: float | None = None) -> None:
     """Increment random ``keys`` of ValueState ``state`` at ``rate`` updates/s until ``stop``
     is set, ``batch`` at a time under ``mailbox`` (like a Flink task's mailbox: the
-    checkpoint barrier takes turns with the records)."""
+    checkpoint barrier takes turns with the records).
+
+    Evenly spread by default. With ``burst_from`` (a ``time.time()``), the way Flink's SQL
+    ``datagen`` source emits: each second's ``rate`` updates as fast as they go, then a sleep
+    until the next whole second after ``burst_from`` (its ``DataGeneratorSource.run``: a
+    loop of ``rowsPerSecond`` collects, then ``Thread.sleep`` until ``nextReadTime += 1000``).
+    """
+    if burst_from is not None:
+        per_second, tick = int(rate), burst_from
+        while not stop.is_set():
+            for start in range(0, per_second, batch):
+                with mailbox:
+                    for _ in range(min(batch, per_second - start)):
+                        k = rng.choice(keys)
+                        state.update(k, state.value(k, 0) + 1)
+            tick += 1.0
+            stop.wait(max(0.0, tick - time.time()))
+        return
     t0, n = time.perf_counter(), 0
     while not stop.is_set():
         with mailbox:

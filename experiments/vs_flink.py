@@ -75,7 +75,7 @@ class Counter:
     """One operator subtask: a backend counting keys from a rate-limited generator thread."""
 
     def __init__(self, index: int, parallelism: int, rate: int, restore_url: str | None,
-                 client: Any) -> None:
+                 client: Any, burst_from: float | None = None) -> None:
         import random
 
         from dstl_ray import ChangelogKeyedStateBackend, assign_key_group
@@ -90,6 +90,7 @@ class Counter:
         self.keys = [k for k in range(KEYS)
                      if kgr.start <= assign_key_group(k, 128) <= kgr.end]
         self.rate, self.rng, self.stop = rate, random.Random(index), threading.Event()
+        self.burst_from = burst_from
         # the backend is used from one thread at a time, like a Flink task's mailbox: the
         # generator and the checkpoint barrier take turns
         self.mailbox = threading.Lock()
@@ -97,7 +98,7 @@ class Counter:
 
     def _run(self) -> None:
         count_at_rate(self.b.value_state("count"), self.keys, self.rng, self.rate, self.stop,
-                      self.mailbox, batch=100)
+                      self.mailbox, batch=100, burst_from=self.burst_from)
 
     def barrier(self, checkpoint_id: int) -> tuple[Any, float, float, float]:
         """The checkpoint barrier: take the snapshot between two generator chunks; returns
@@ -116,11 +117,12 @@ class TaskManager:
     and one checkpoint call per process."""
 
     def __init__(self, indices: list[int], parallelism: int, rate: int,
-                 restore_url: str | None, namespace: str) -> None:
+                 restore_url: str | None, namespace: str, burst_from: float | None) -> None:
         from dstl_ray import StateChangelogClient
 
         client = StateChangelogClient("vsflink", namespace=namespace)
-        self.tasks = [Counter(i, parallelism, rate, restore_url, client) for i in indices]
+        self.tasks = [Counter(i, parallelism, rate, restore_url, client, burst_from)
+                      for i in indices]
 
     def spans(self) -> list[dict[str, Any]]:
         """The writers' finished spans (the tree's ``tracing=memory``)."""
@@ -165,7 +167,7 @@ def trace_stages(actors: list[Any], tree: Any) -> dict[str, Any]:
 
 
 def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
-              traced: bool = False) -> dict[str, Any]:
+              traced: bool = False, bursts: bool = True) -> dict[str, Any]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -184,10 +186,13 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
         actor = ray.remote(num_cpus=0, max_concurrency=4)(TaskManager)
 
         def start(restore: str | None) -> list[Any]:
-            """One TaskManager per node; subtask i on node i % nodes."""
+            """One TaskManager per node; subtask i on node i % nodes. With ``bursts``, every
+            subtask emits each second's rows at once from the same moment, as the subtasks of
+            Flink's datagen source, which start together."""
+            burst_from = time.time() + 1.0 if bursts else None
             return [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 nid, soft=False)).remote([i for i in range(4) if i % len(node_ids) == n],
-                                         4, 5000, restore, NS)
+                                         4, 5000, restore, NS, burst_from)
                 for n, nid in enumerate(node_ids)]
 
         coord = CheckpointCoordinator("vsflink", f"file://{base}", max_parallelism=128,
@@ -258,6 +263,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
         steady_changelog = [f for f in steady if f.endswith(".dstl")]
         return {"system": "dstl-ray", "nodes": nodes, "parallelism": 4, "seconds": seconds,
                 "interval_ms": interval * 1000, "checkpoints_completed": n,
+                "input": "bursts" if bursts else "even",
                 "e2e_ms": summary(durations),
                 # during the checkpoint loop (steady state: start-up and recovery excluded)
                 "changelog_files_per_checkpoint": len(steady_changelog) / max(1, n),
@@ -315,6 +321,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=0)
     p.add_argument("--nodes", default="1,2,4")
     p.add_argument("--no-flink", action="store_true", help="only the dstl-ray side")
+    p.add_argument("--input", choices=("bursts", "even"), default="bursts",
+                   help="dstl-ray's generator: each second's rows at once, as Flink's datagen "
+                        "source emits them (default), or spread evenly")
     args = p.parse_args()
     seconds = args.seconds or (8 if args.quick else 30)
     counts = [int(x) for x in args.nodes.split(",")]
@@ -322,9 +331,10 @@ def main() -> None:
     rows = []
     try:
         for n in counts:
-            d = dstl_side(n, seconds, 0.2, work)
+            d = dstl_side(n, seconds, 0.2, work, bursts=args.input == "bursts")
             # where the persist time goes, from spans, in a shorter traced run
-            d["trace"] = dstl_side(n, max(5.0, seconds / 3), 0.2, work, traced=True)
+            d["trace"] = dstl_side(n, max(5.0, seconds / 3), 0.2, work, traced=True,
+                                   bursts=args.input == "bursts")
             print(f"[vs_flink] dstl-ray {n} nodes: {json.dumps(d)}", flush=True)
             f = None if args.no_flink else flink_side(n, seconds, 0.2, work)
             if f:

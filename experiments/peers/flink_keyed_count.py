@@ -5,8 +5,8 @@
 
 A Flink SQL job ``INSERT INTO blackhole SELECT k, COUNT(*) FROM datagen GROUP BY k`` at
 20,000 rows/s on a local MiniCluster, hashmap backend with ``state.changelog.enabled``, DSTL
-on file://. Reports the REST API's checkpoint figures, files created (seen by a 2 ms poller:
-a lower bound), and recovery: cancel the job (checkpoints retained), start it again from the
+on file://. Reports the REST API's checkpoint figures, files created (seen by the experiments'
+``file_watcher``, in a process of its own, as on the dstl-ray side), and recovery: cancel the job (checkpoints retained), start it again from the
 latest checkpoint, time until the restored job is RUNNING and has completed a checkpoint.
 """
 
@@ -16,9 +16,14 @@ import argparse
 import json
 import os
 import shutil
-import threading
+import sys
 import time
 import urllib.request
+from pathlib import Path
+
+# the experiments' file watcher, shared with the dstl-ray side (plain stdlib: it runs here)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from file_watcher import FileWatcher  # noqa: E402
 
 
 def rest(port: int, path: str):
@@ -98,17 +103,7 @@ def main() -> None:
         t.execute_sql("CREATE TABLE snk (k BIGINT, c BIGINT) WITH ('connector'='blackhole')")
         return t
 
-    seen: dict[str, float] = {}
-    stop = [False]
-
-    def poll() -> None:
-        while not stop[0]:
-            for r, _, fs in os.walk(base):
-                for f in fs:
-                    seen.setdefault(os.path.join(r, f), time.time())
-            time.sleep(0.002)
-
-    threading.Thread(target=poll, daemon=True).start()
+    watcher = FileWatcher(Path(base)).__enter__()
     t = env()
     res = t.execute_sql("INSERT INTO snk SELECT k, COUNT(*) FROM src GROUP BY k")
     time.sleep(a.seconds)
@@ -125,9 +120,8 @@ def main() -> None:
     if not retained:
         raise SystemExit(f"no checkpoint retained under {base}/cp/{jid}")
     latest = "file://" + max(retained, key=lambda d: int(os.path.basename(d[:-1])[4:]))
-    stop[0] = True
-    time.sleep(0.05)
-    files = list(seen)
+    watcher.__exit__()
+    files = list(watcher.seen)
     dstl = [f for f in files if "/dstl/" in f]
     kinds: dict[str, int] = {}
     for f in files:
