@@ -71,7 +71,7 @@ class ChangelogNode:
         self.metrics = NodeMetrics(name, level)
         clock = clock or LoopClock()
         self._place = Place(name, parent, level, index, height)
-        self._peers = Peers(config.namespace)
+        self._peers = Peers(config.namespace, lanes=config.local_lane == "on")
         storage = storage_for(self.base_path, config)  # S3 options, fault injection
         self._uploader = Uploader(storage, config)
         merging = FileMergingOptions.from_config(config)
@@ -107,7 +107,8 @@ class ChangelogNode:
         self._membership = MembershipWatcher(self._place, self.base_path, config, reconcile)
         # writers on this machine call persist_many and mark over a Unix socket
         # (dstl_ray.transport.lane), the same coroutines as the Ray methods below
-        self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark}) \
+        self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark,
+                                       "persist_batch": self.persist_batch}) \
             if config.local_lane == "on" else None
 
     @staticmethod
@@ -304,5 +305,6 @@ class ChangelogNode:
         self._membership.stop()
         if self._lane is not None:
             await self._lane.close()
+        self._peers.close()
         self._uploader.close()
 

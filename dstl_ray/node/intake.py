@@ -16,6 +16,7 @@ from ..log.handle import Segment, check_relative_path
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
+from ..transport.lane import LaneClosedError
 from .batching import BatchScheduler, Clock, Pending
 from .dead_writer_check import DeadWriterCheck
 from .flush import Flusher, Result
@@ -183,9 +184,17 @@ class Intake:
         self.batching.mark(job_id, source, checkpoint_id)
         upstream = self.router.upstream()
         if upstream is not None and self.batching.pass_mark_up(job_id, checkpoint_id):
+            args = (job_id, self.place.name, checkpoint_id, caller)
             try:
-                self.peers.actor(upstream).mark.remote(job_id, self.place.name,
-                                                       checkpoint_id, caller)
+                lane = self.peers.lane(upstream)
+                if lane is not None:
+                    try:
+                        lane.call("mark", *args, None)
+                        self.counters.marks_by_lane += 1
+                        return
+                    except LaneClosedError:
+                        pass  # nothing went out on it
+                self.peers.actor(upstream).mark.remote(*args)
             except Exception as e:  # noqa: BLE001 - only batching suffers
                 log.debug("%s: mark to %s failed: %s", self.place.name, upstream, e)
 

@@ -19,6 +19,7 @@ from ..log.handle import Segment
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
+from ..transport.lane import LaneClosedError
 from .batching import Clock, Pending
 from .flush import Flusher, Result
 from .namespaces import Caller
@@ -33,6 +34,7 @@ REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
 # how long a child listens for an answer it stopped waiting for (to release it unused); a
 # later one stays until the job's next recovery deletes what no checkpoint names
 LATE_ANSWER_WAIT_S = 600.0
+INLINE_SEND_BYTES = 64 * 1024  # a lane frame this small is sent from the loop itself
 
 
 def should_flush(has_parent: bool, batch_bytes: int, flush_bytes: int) -> bool:
@@ -241,9 +243,7 @@ class Router:
         late; we wait a little longer for an answer already on its way. An answer later
         still (a parent paused past its deadline and the grace) is released unused when it
         comes: we flushed those requests ourselves, nobody will name its segments."""
-        ref = self.peers.actor(target).persist_batch.remote(requests, self.place.name,
-                                                            budget_s, time.time())
-        answer = asyncio.wrap_future(ref.future())
+        answer = await self._send_batch(target, requests, budget_s)
         try:
             segs = await asyncio.wait_for(asyncio.shield(answer), budget_s + REPLY_GRACE_S)
         except TimeoutError:
@@ -256,6 +256,26 @@ class Router:
             raise DstlError(f"{target} returned {len(segs)} results for "
                             f"{len(requests)} requests")
         return segs
+
+    async def _send_batch(self, target: str, requests: list[PersistRequest], budget_s: float
+                          ) -> asyncio.Future:
+        """``persist_batch`` at ``target``: over the lane to it if one is open (a frame too
+        big for the socket's buffer is sent from a thread, never blocking this loop), else
+        (or if the lane broke before anything was sent) as a Ray call."""
+        args = (requests, self.place.name, budget_s, time.time())
+        lane = self.peers.lane(target)
+        if lane is not None:
+            try:
+                if sum(len(r.section.data) for r in requests) <= INLINE_SEND_BYTES:
+                    fut = lane.call("persist_batch", *args)
+                else:
+                    fut = await asyncio.to_thread(lane.call, "persist_batch", *args)
+                self.counters.forwards_by_lane += 1
+                return asyncio.wrap_future(fut)
+            except LaneClosedError:
+                pass  # nothing went out on it
+        ref = self.peers.actor(target).persist_batch.remote(*args)
+        return asyncio.wrap_future(ref.future())
 
     async def _late_answer(self, answer: asyncio.Future, requests: list[Released]) -> None:
         try:

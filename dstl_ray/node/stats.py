@@ -34,6 +34,8 @@ class NodeCounters:
     files_flushed: int = 0
     bytes_flushed: int = 0
     forwards: int = 0
+    forwards_by_lane: int = 0  # of them, sent over a lane (dstl_ray.transport.lane)
+    marks_by_lane: int = 0  # marks passed upstream over a lane
     bytes_forwarded: int = 0
     forward_failures: int = 0
     flush_failures: int = 0
@@ -75,6 +77,7 @@ def build_status(*, place: Place, node_id: str, raylet_pid: str, started: float,
         "requests": c.requests, "requests_from_children": c.requests_from_children,
         "batches": c.batches, "files_flushed": c.files_flushed,
         "bytes_flushed": c.bytes_flushed, "forwards": c.forwards,
+        "forwards_by_lane": c.forwards_by_lane, "marks_by_lane": c.marks_by_lane,
         "bytes_forwarded": c.bytes_forwarded, "forward_failures": c.forward_failures,
         "flush_failures": c.flush_failures, "files_deleted": c.files_deleted,
         "routed_direct": c.routed_direct,

@@ -1,5 +1,5 @@
-"""The local lane's messages (dstl_ray.transport.lane), without pickle: a JSON header and the
-sections' bytes as binary blobs. Only the two calls the lane carries and their answers exist,
+"""The lane's messages (dstl_ray.transport.lane), without pickle: a JSON header and the
+sections' bytes as binary blobs. Only the calls a lane carries and their answers exist,
 each decoded into its dataclasses with every field's type checked, so a frame can never make
 the node actor run code, and a malformed one fails with a :class:`DstlError` naming it.
 
@@ -20,7 +20,8 @@ from ..node.namespaces import Caller
 from .base import PersistRequest
 
 _U32 = struct.Struct(">I")
-METHODS = ("persist_many", "mark")  # what a lane carries; everything else goes by Ray
+# what a lane carries (a writer's two calls, and a child node's batch); the rest goes by Ray
+METHODS = ("persist_many", "mark", "persist_batch")
 
 
 class _Blobs:
@@ -126,6 +127,15 @@ def _request_in(d: Any, blobs: list[memoryview]) -> PersistRequest:
                           _want(d["inc"], str, "incarnation"), _want(d["named"], int, "named"))
 
 
+def _seconds(v: Any, what: str) -> float | None:
+    """A time in seconds (or None); JSON gives an int for a whole number."""
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise DstlError(f"malformed lane frame: {what} is bool")
+    return float(_want(v, (int, float), what))
+
+
 def _error_out(e: BaseException) -> list[str]:
     return [type(e).__name__, str(e)]
 
@@ -154,6 +164,10 @@ def encode_call(call_id: int, method: str, args: tuple[Any, ...]) -> bytes:
         job_id, source, checkpoint_id, caller, named = args
         header = {"id": call_id, "m": method,
                   "a": [job_id, source, checkpoint_id, _caller_out(caller), named]}
+    elif method == "persist_batch":
+        requests, source, budget_s, sent_at = args
+        header = {"id": call_id, "m": method, "r": [_request_out(r, blobs) for r in requests],
+                  "a": [source, budget_s, sent_at]}
     else:
         raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
     return _pack(header, blobs)
@@ -175,6 +189,12 @@ def decode_call(body: bytes) -> tuple[int, str, tuple[Any, ...]]:
                 _want(job_id, str, "job id"), _want(source, str, "source"),
                 _want(checkpoint_id, int, "checkpoint id"), _caller_in(caller),
                 None if named is None else _want(named, int, "named"))
+        if method == "persist_batch":
+            source, budget_s, sent_at = _want(header["a"], list, "args")
+            return call_id, method, (
+                [_request_in(r, blobs) for r in _want(header["r"], list, "requests")],
+                _want(source, str, "source"), _seconds(budget_s, "budget"),
+                _seconds(sent_at, "sent at"))
         raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
     except (KeyError, TypeError, ValueError, IndexError, DstlError) as e:
         err = e if isinstance(e, DstlError) else DstlError(

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -226,3 +227,53 @@ def test_first_checkpoint_after_deploy_is_one_file(tree_factory, namespace, tmp_
     finally:
         for c in clients:
             c.close()
+
+
+@ray.remote(num_cpus=0)
+def _empty_checkpoints(namespace: str, ids: list[int]) -> str:
+    """A writer with one change, then checkpoints with nothing new (marks to its node)."""
+    from dstl_ray import KeyGroupRange
+
+    client = StateChangelogClient("marks", namespace=namespace)
+    w = client.create_writer("op", KeyGroupRange(0, 0))
+    w.append(0, b"x")
+    w.persist_durably(0, checkpoint_id=ids[0]).result(timeout=30)
+    for n in ids[1:]:
+        w.persist_durably(0, checkpoint_id=n).result(timeout=30)
+        time.sleep(0.05)
+    name = client.node_name
+    client.close()
+    return name
+
+
+@pytest.mark.parametrize("lane", ["on", "off"])
+def test_children_reach_their_parent_by_lane(tree_factory, namespace, tmp_path, lane):
+    """Node actors on one machine forward batches and pass marks up over a lane
+    (dstl_ray.transport.lane), opened in the background after the first Ray call; the data
+    is the same either way. With local_lane=off: Ray calls only."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", branching_factor=2,
+                        persist_delay_s=3.0, flush_bytes=1 << 20, local_lane=lane)
+    status = tree.status()
+    leaf = next(s for s in status if s["level"] == max(x["level"] for x in status))
+    actors = place_writers("bylane", namespace, [s["node_id"] for s in status], per_node=1)
+    handles = []
+    for _ in range(4):
+        results = ray.get([a.checkpoint.remote(20, 50) for a in actors])
+        assert all(r["ok"] for r in results), results
+        handles = [r["handles"] for r in results]
+    assert verify(actors, handles) == 4 * 20 * len(actors)
+    name = ray.get(_empty_checkpoints.options(scheduling_strategy=(
+        NodeAffinitySchedulingStrategy(leaf["node_id"], soft=False))).remote(
+        namespace, list(range(1, 12))))
+    assert name == leaf["name"]
+    st = by_name(tree)
+    assert st[tree.root]["files_flushed"] >= 4
+    by_lane = sum(s["forwards_by_lane"] for s in st.values())
+    marks = st[leaf["name"]]["marks_by_lane"]
+    if lane == "on":  # each child's first forward opened its lane, by Ray
+        assert 0 < by_lane <= sum(s["forwards"] for s in st.values()) - (len(st) - 1), st
+        assert marks > 0, st[leaf["name"]]
+    else:
+        assert by_lane == 0 and marks == 0
+    for a in actors:
+        ray.kill(a)

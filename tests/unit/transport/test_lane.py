@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from dstl_ray.errors import DstlError, FencedError, NodeUnavailableError, PersistError
+from dstl_ray.errors import (
+    DeadlineError,
+    DstlError,
+    FencedError,
+    NodeUnavailableError,
+    PersistError,
+    StorageError,
+)
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
 from dstl_ray.log.handle import Segment
 from dstl_ray.node.lane_server import LaneServer
@@ -198,6 +205,16 @@ def test_calls_and_answers_round_trip_without_pickle():
     assert decode_answer(encode_answer(3, True, None)) == (3, True, None)
     cid, ok, value = decode_answer(encode_answer(4, False, KeyError("x")))
     assert not ok and type(value) is DstlError and "KeyError" in str(value)
+    # a child node's batch: its requests, its name, its budget and when it sent it
+    for budget, sent in ((2.5, 1700000000.25), (float("inf"), 3), (None, None)):
+        _, method, args = decode_call(encode_call(7, "persist_batch", (reqs, "node-b", budget,
+                                                                       sent)))
+        assert method == "persist_batch" and args == (reqs, "node-b", budget,
+                                                      None if sent is None else float(sent))
+    cid, ok, value = decode_answer(encode_answer(7, True, [StorageError("s3 down"),
+                                                           DeadlineError("late")]))
+    # the child flushes these itself (routing.flush_failed): their classes must survive
+    assert [type(v) for v in value] == [StorageError, DeadlineError]
 
 
 @pytest.mark.parametrize("body", [b"", b"\x00\x00\x00\x05{}", b"\x00\x00\x00\x02{}junk",
@@ -210,6 +227,12 @@ def test_malformed_frames_are_refused_by_name(body):
 def test_a_call_with_bad_fields_is_answered_with_the_error():
     import json
     import struct
+
+    head = json.dumps({"id": 4, "m": "persist_batch", "r": [], "a": ["n", True, None],
+                       "b": []}).encode()
+    with pytest.raises(DstlError, match="budget") as e:
+        decode_call(struct.pack(">I", len(head)) + head)
+    assert e.value.call_id == 4
 
     head = json.dumps({"id": 5, "m": "mark", "a": ["job", 3, 4, None, None], "b": []}).encode()
     with pytest.raises(DstlError, match="source") as e:
