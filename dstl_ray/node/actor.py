@@ -191,6 +191,7 @@ class ChangelogNode:
             p.height = height
         if parent != p.parent:
             self._router.drop_route()
+            self._peers.drop(p.parent)  # its lane retires once its calls are answered
         p.parent, p.level = parent, level
         await self._sources.sync_registration()
         if parent is None:

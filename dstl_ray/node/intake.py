@@ -16,7 +16,6 @@ from ..log.handle import Segment, check_relative_path
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
-from ..transport.lane import LaneClosedError
 from .batching import BatchScheduler, Clock, Pending
 from .dead_writer_check import DeadWriterCheck
 from .flush import Flusher, Result
@@ -189,11 +188,11 @@ class Intake:
                 lane = self.peers.lane(upstream)
                 if lane is not None:
                     try:
-                        lane.call("mark", *args, None)
+                        lane.submit("mark", *args, None)
                         self.counters.marks_by_lane += 1
                         return
-                    except LaneClosedError:
-                        pass  # nothing went out on it
+                    except Exception:  # noqa: BLE001, S110 - nothing went out on it: by Ray
+                        pass
                 self.peers.actor(upstream).mark.remote(*args)
             except Exception as e:  # noqa: BLE001 - only batching suffers
                 log.debug("%s: mark to %s failed: %s", self.place.name, upstream, e)

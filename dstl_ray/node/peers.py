@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,10 @@ from ..transport.lane import Lane, open_lane
 log = logging.getLogger(__name__)
 
 LANE_OPEN_TIMEOUT_S = 10.0
+LANE_RETRY_S = 30.0  # a peer that offered no lane (or could not be reached) is asked again
+# how long a child listens for an answer it stopped waiting for (routing), and how long a
+# dropped lane's calls in flight may still be answered
+LATE_ANSWER_WAIT_S = 600.0
 
 NODE_PREFIX = "dstl-node-"  # node actors' names: this prefix and the Ray node id's head
 
@@ -44,13 +50,17 @@ class Place:
 class Peers:
     """Actor handles of other nodes by name, looked up once and kept until a call fails; and
     lanes to those on this machine (dstl_ray.transport.lane), opened in the background on
-    first use so no call ever waits for one: until it is open, calls go by Ray."""
+    first use so no call ever waits for one: until it is open, calls go by Ray. Calls go
+    out on a lane from its sender thread (``Lane.submit``), never blocking this loop."""
 
-    def __init__(self, namespace: str, lanes: bool = True) -> None:
+    def __init__(self, namespace: str, lanes: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.namespace = namespace
         self.handles: dict[str, Any] = {}
         self.use_lanes = lanes
-        self.lanes: dict[str, Lane | None] = {}  # None: that peer has no lane for us
+        self.clock = clock
+        self.lanes: dict[str, Lane] = {}
+        self._no_lane_until: dict[str, float] = {}  # no lane to it: try again after this
         self._opening: dict[str, asyncio.Task] = {}
 
     def actor(self, name: str) -> Any:
@@ -63,39 +73,55 @@ class Peers:
         return h
 
     def lane(self, name: str) -> Lane | None:
-        """The open lane to ``name``, or None (then use Ray; a first call starts opening
-        one, on this actor's loop)."""
+        """The open lane to ``name``, or None (then use Ray; this starts opening one, on this
+        actor's loop, unless one is opening or ``name`` had none a moment ago)."""
         if not self.use_lanes:
             return None
         ln = self.lanes.get(name)
-        if ln is not None and ln.closed is None:
-            return ln
-        if name not in self.lanes and name not in self._opening:
+        if ln is not None:
+            if ln.closed is None:
+                return ln
+            del self.lanes[name]  # broke (its peer restarted?): open a new one
+        if name not in self._opening and self.clock() >= self._no_lane_until.get(name, 0.0):
             task = asyncio.get_running_loop().create_task(self._open(name))
             self._opening[name] = task
-            task.add_done_callback(lambda _t: self._opening.pop(name, None))
+            task.add_done_callback(
+                lambda t: self._opening.pop(name) if self._opening.get(name) is t else None)
         return None
 
     async def _open(self, name: str) -> None:
         try:
             info = await asyncio.wait_for(self.actor(name).lane.remote(), LANE_OPEN_TIMEOUT_S)
             ln = await asyncio.to_thread(open_lane, info, name) if info else None
-        except Exception as e:  # noqa: BLE001 - Ray calls still work; try again after a drop
+        except Exception as e:  # noqa: BLE001 - Ray calls still work
             log.info("no lane to %s: %s: %s", name, type(e).__name__, e)
             ln = None
-        self.lanes[name] = ln
+        if ln is None:
+            self._no_lane_until[name] = self.clock() + LANE_RETRY_S
+        elif self._opening.get(name) is not asyncio.current_task():
+            _retire(ln)  # dropped while it opened
+        else:
+            self.lanes[name] = ln
 
     def drop(self, name: str | None) -> None:
         """Forget ``name``'s handle and lane (a call to it failed): looked up again next
-        time."""
+        time. As with a Ray handle, the calls in flight on the lane go on: it is closed once
+        they are answered (or after LATE_ANSWER_WAIT_S), so late answers still arrive."""
         if name is None:
             return
         self.handles.pop(name, None)
+        self._no_lane_until.pop(name, None)
+        self._opening.pop(name, None)  # an open under way retires what it opens
         ln = self.lanes.pop(name, None)
-        if ln is not None:  # as with a Ray handle, the calls in flight on it go on; closed
-            # once they are answered (close waits for them: not on this loop)
-            threading.Thread(target=ln.close, daemon=True, name="dstl-lane-close").start()
+        if ln is not None:
+            _retire(ln)
 
     def close(self) -> None:
-        for name in list(self.lanes):
+        for name in list(self.lanes) + list(self._opening):
             self.drop(name)
+
+
+def _retire(ln: Lane) -> None:
+    """Close ``ln`` once its calls in flight are answered, on a thread of its own."""
+    threading.Thread(target=ln.close, kwargs={"drain_s": LATE_ANSWER_WAIT_S}, daemon=True,
+                     name="dstl-lane-retire").start()

@@ -19,11 +19,10 @@ from ..log.handle import Segment
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
-from ..transport.lane import LaneClosedError
 from .batching import Clock, Pending
 from .flush import Flusher, Result
 from .namespaces import Caller
-from .peers import Peers, Place
+from .peers import LATE_ANSWER_WAIT_S, Peers, Place
 from .sources import Sources
 from .stats import NodeCounters
 from .throttle import ByteBudget
@@ -31,10 +30,9 @@ from .throttle import ByteBudget
 log = logging.getLogger(__name__)
 
 REPLY_GRACE_S = 2.0  # a parent's answer in transit after its deadline, at most
-# how long a child listens for an answer it stopped waiting for (to release it unused); a
-# later one stays until the job's next recovery deletes what no checkpoint names
-LATE_ANSWER_WAIT_S = 600.0
-INLINE_SEND_BYTES = 64 * 1024  # a lane frame this small is sent from the loop itself
+# (peers.LATE_ANSWER_WAIT_S: how long a child listens for an answer it stopped waiting for,
+# to release it unused; a later one stays until the job's next recovery deletes what no
+# checkpoint names)
 
 
 def should_flush(has_parent: bool, batch_bytes: int, flush_bytes: int) -> bool:
@@ -243,7 +241,7 @@ class Router:
         late; we wait a little longer for an answer already on its way. An answer later
         still (a parent paused past its deadline and the grace) is released unused when it
         comes: we flushed those requests ourselves, nobody will name its segments."""
-        answer = await self._send_batch(target, requests, budget_s)
+        answer = self._send_batch(target, requests, budget_s)
         try:
             segs = await asyncio.wait_for(asyncio.shield(answer), budget_s + REPLY_GRACE_S)
         except TimeoutError:
@@ -257,23 +255,20 @@ class Router:
                             f"{len(requests)} requests")
         return segs
 
-    async def _send_batch(self, target: str, requests: list[PersistRequest], budget_s: float
-                          ) -> asyncio.Future:
-        """``persist_batch`` at ``target``: over the lane to it if one is open (a frame too
-        big for the socket's buffer is sent from a thread, never blocking this loop), else
-        (or if the lane broke before anything was sent) as a Ray call."""
+    def _send_batch(self, target: str, requests: list[PersistRequest], budget_s: float
+                    ) -> asyncio.Future:
+        """``persist_batch`` at ``target``: over the lane to it if one is open (queued for the
+        lane's sender thread: this loop never blocks on the socket), else, or if the lane
+        refused it before anything went out, as a Ray call."""
         args = (requests, self.place.name, budget_s, time.time())
         lane = self.peers.lane(target)
         if lane is not None:
             try:
-                if sum(len(r.section.data) for r in requests) <= INLINE_SEND_BYTES:
-                    fut = lane.call("persist_batch", *args)
-                else:
-                    fut = await asyncio.to_thread(lane.call, "persist_batch", *args)
+                fut = lane.submit("persist_batch", *args)
                 self.counters.forwards_by_lane += 1
                 return asyncio.wrap_future(fut)
-            except LaneClosedError:
-                pass  # nothing went out on it
+            except Exception as e:  # noqa: BLE001 - nothing went out on it: by Ray
+                log.debug("%s: lane to %s refused a batch: %s", self.place.name, target, e)
         ref = self.peers.actor(target).persist_batch.remote(*args)
         return asyncio.wrap_future(ref.future())
 

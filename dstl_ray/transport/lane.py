@@ -23,6 +23,7 @@ Ray calls; the transport then finds its node again (over Ray) and opens a new la
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import itertools
 import logging
@@ -109,6 +110,9 @@ class Lane:
             raise
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
+        self._queued = threading.Condition(self._lock)  # frames for the sender thread
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._sender: threading.Thread | None = None
         self._pending: dict[int, concurrent.futures.Future[Any]] = {}
         self._ids = itertools.count()
         self.closed: BaseException | None = None
@@ -156,6 +160,43 @@ class Lane:
         self.calls += 1
         return fut
 
+    def submit(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
+        """As :meth:`call`, but the frame goes out from this lane's sender thread (started on
+        first use), in submission order, so the caller never blocks on a socket (a node
+        actor's event loop calls this). Raises :class:`LaneClosedError` if the lane is
+        broken, or the encoding error, before anything is queued; a lane that breaks later
+        fails the queued calls with the ones in flight."""
+        call_id = next(self._ids)
+        data = frame(encode_call(call_id, method, args))
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self.closed is not None:
+                raise LaneClosedError(f"lane to node {self.node} is closed: {self.closed}")
+            self._pending[call_id] = fut
+            self._queue.append(data)
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                                name=f"dstl-lane-send-{self.node}")
+                self._sender.start()
+            self._queued.notify()
+        return fut
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and self.closed is None:
+                    self._queued.wait()
+                if self.closed is not None:
+                    return
+                data = self._queue.popleft()
+            try:
+                with self._send_lock:
+                    self._sock.sendall(data)
+            except BaseException as e:  # noqa: BLE001 - every queued call learns it
+                self._close(e)
+                return
+            self.calls += 1
+
     def _read_loop(self) -> None:
         try:
             while True:
@@ -176,6 +217,8 @@ class Lane:
             if self.closed is None:
                 self.closed = why
             pending, self._pending = self._pending, {}
+            self._queue.clear()
+            self._queued.notify_all()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -9,6 +9,8 @@ import asyncio
 import os
 import socket
 import threading
+import time
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -316,3 +318,89 @@ def test_the_server_answers_a_bad_call_and_keeps_the_connection(served):
     assert got[5][0] is False and "source" in str(got[5][1])
     assert got[6] == (True, None) and ("mark", "job", "log", 4, None) in seen
     s.close()
+
+
+def test_submit_sends_from_the_lanes_thread_in_order_and_a_break_fails_the_queued(served):
+    """A node actor's loop only queues (Lane.submit): the lane's sender thread sends, in
+    submission order; a call that does not encode raises at once, nothing queued."""
+    server, _loop, seen = served
+    lane = open_lane(server.info(), "node-a")
+    futs = [lane.submit("persist_many", [_req(f"s{i}")]) for i in range(40)]
+    futs.append(lane.submit("mark", "job", "node-b", 7, None, None))
+    assert [f.result(5) for f in futs[:-1]] == [[_seg(f"s{i}")] for i in range(40)]
+    assert futs[-1].result(5) is None and seen[40] == ("mark", "job", "node-b", 7, None)
+    assert seen[:40] == [("persist_many", [f"s{i}"]) for i in range(40)]
+    with pytest.raises(DstlError, match="carries"):
+        lane.submit("register_writer", "x")
+    held = lane.submit("persist_many", [_req("hold")])
+    time.sleep(0.2)
+    lane._sock.shutdown(socket.SHUT_RDWR)  # the node process dies
+    with pytest.raises(LaneClosedError):
+        held.result(5)
+    with pytest.raises(LaneClosedError):
+        lane.submit("persist_many", [_req("after")])  # nothing queued: by Ray
+    lane.close()
+
+
+class _Node:
+    """What Peers asks of a node actor handle: ``lane.remote()``."""
+
+    def __init__(self, info):
+        self.asked = 0
+
+        async def remote():
+            self.asked += 1
+            return info
+
+        self.lane = types.SimpleNamespace(remote=remote)
+
+
+def test_peers_open_lanes_in_the_background_and_retire_them_after_their_answers(served):
+    """No call waits for a lane: the first finds none and starts opening it; a dropped lane
+    still delivers the answers in flight (late answers are released by their receiver),
+    then closes; a peer without a lane is asked again only after LANE_RETRY_S."""
+    from dstl_ray.node import peers as peers_mod
+
+    server, loop, _seen = served
+    now = [0.0]
+    nodes = {"node-a": _Node(server.info()), "node-x": _Node(None)}
+    p = peers_mod.Peers("ns", clock=lambda: now[0])
+    p.actor = nodes.__getitem__  # type: ignore[method-assign]
+
+    async def opened(name):
+        first = p.lane(name)
+        task = p._opening.get(name)
+        if task is not None:
+            await task
+        return first, p.lane(name)
+
+    first, lane = loop.run(opened("node-a"))
+    assert first is None and isinstance(lane, Lane)
+    held = lane.submit("persist_many", [_req("hold")])
+    time.sleep(0.1)
+    loop.run(asyncio.sleep(0))
+    p.drop("node-a")  # (as after another call failed)
+    assert "node-a" not in p.lanes and lane.closed is None  # retiring, not cut off
+    server.release()
+    assert held.result(5) == [_seg("hold")]
+    deadline = time.monotonic() + 5
+    while lane.closed is None:  # closed once nothing is in flight
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    first, again = loop.run(opened("node-a"))  # a new one after the drop
+    assert first is None and isinstance(again, Lane) and again is not lane
+    again._sock.shutdown(socket.SHUT_RDWR)  # it breaks (the peer restarted)
+    deadline = time.monotonic() + 5
+    while again.closed is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    _, third = loop.run(opened("node-a"))  # a broken lane is replaced on the next call
+    assert isinstance(third, Lane) and third is not again
+    assert loop.run(opened("node-x")) == (None, None)  # offers none: Ray calls
+    loop.run(opened("node-x"))
+    assert nodes["node-x"].asked == 1  # not asked again at once
+    now[0] += peers_mod.LANE_RETRY_S
+    loop.run(opened("node-x"))
+    assert nodes["node-x"].asked == 2
+    p.close()
+    assert not p.lanes
