@@ -9,14 +9,25 @@ rows/s, parallelism 4, hashmap backend with the changelog on file://, checkpoint
 dstl-ray: N Ray nodes (``ray.cluster_utils.Cluster``), the node-actor tree on file://, and
 one TaskManager actor per node hosting that node's share of the 4 subtasks, as Flink's N
 TaskManagers host ceil(4 / N) slots each; each subtask is a ChangelogKeyedStateBackend
-counting its keys (0..9999) from a generator at 5,000 rows/s. The driver checkpoints every
-200 ms (one call per TaskManager: its subtasks' snapshots; then ``complete_checkpoint``),
-materialization every 10 s as Flink's.
+counting its keys (0..9999) at 5,000 rows/s. The driver checkpoints every 200 ms (one call
+per TaskManager: its subtasks' snapshots; then ``complete_checkpoint``), materialization
+every 10 s as Flink's.
+
+The same input: Flink's SQL ``datagen`` emits each second's rows at once and then sleeps until
+the next second (``DataGeneratorSource.run`` in Flink 2.3), so about one checkpoint in five
+has changes. dstl-ray's generator does the same by default (``--input bursts``); ``even``
+spreads the rows over the second (every checkpoint has changes: no Flink run matches it);
+``both`` (default) runs dstl-ray on each, the even run in ``even_input``.
+
+The same measure: Flink's end-to-end duration is from the trigger to the last subtask's
+acknowledgement (``AbstractCheckpointStats.getEndToEndDuration``; the ``_metadata`` is written
+after it). dstl-ray's ``ack_ms`` is that, from the trigger to the last snapshot at the
+driver; ``e2e_ms`` also includes ``complete_checkpoint`` (the ``_metadata`` durable).
 
 Both: checkpoints completed, end-to-end duration percentiles, changelog and all files
-created per checkpoint (a poller records every file name seen), bytes per checkpoint, and
-recovery (kill the job, restore from the latest checkpoint, time until a checkpoint of the
-restored job completed). N = 1, 2, 4.
+created per checkpoint (every name created, seen by ``file_watcher``), bytes per checkpoint,
+and recovery (kill the job, restore from the latest checkpoint, time until a checkpoint of
+the restored job completed). N = 1, 2, 4.
 
 Run: python -m experiments.vs_flink [--quick]   (or: make compare)
 """
@@ -175,7 +186,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
+    from dstl_ray.checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
     from .file_watcher import FileWatcher
@@ -202,6 +213,9 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                                       retained=2)
         cid = [0]
         stages: dict[str, list[float]] = {}
+        # checkpoints whose snapshots name a changelog file no earlier one named: the ones
+        # with changes to persist (with bursts, about one in five)
+        changed = {"checkpoints": 0, "paths": set()}
 
         def checkpoint(actors: list[Any]) -> tuple[float, float]:
             """One checkpoint; (ms until the last subtask's snapshot arrived: Flink's
@@ -211,9 +225,15 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             outs = [o for part in ray.get([a.snapshot.remote(cid[0]) for a in actors],
                                           timeout=120) for o in part]
             t1, w1 = time.perf_counter(), time.time()
-            coord.complete_checkpoint(cid[0], [KeyedStateSnapshot.from_dict(
-                json.loads(o["snapshot"]), coord.base_path) for o in outs])
+            snaps = [KeyedStateSnapshot.from_dict(json.loads(o["snapshot"]), coord.base_path)
+                     for o in outs]
+            coord.complete_checkpoint(cid[0], snaps)
             t2 = time.perf_counter()
+            paths = {p for s in snaps for c in s.components
+                     if isinstance(c, ChangelogComponent) for p in c.handle.file_paths()}
+            if paths - changed["paths"]:
+                changed["checkpoints"] += 1
+            changed["paths"] |= paths
             slowest = max(outs, key=lambda o: o["actor_ms"])
             for k in ("mailbox_ms", "snapshot_call_ms", "persist_ms"):
                 stages.setdefault(k, []).append(slowest[k])
@@ -234,6 +254,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             time.sleep(interval)
             before, st0 = files.names(), tree.status()
             stages.clear()
+            changed["checkpoints"] = 0
             durations: list[float] = []  # until the _metadata is durable
             acks: list[float] = []  # until the last snapshot arrived (Flink's definition)
             t_end = time.time() + seconds
@@ -244,6 +265,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 durations.append(done)
                 time.sleep(max(0.0, interval - (time.time() - t0)))
             steady, st1 = files.names() - before, tree.status()
+            with_changes = changed["checkpoints"]
             profile = {k: list(v) for k, v in stages.items()}
             if traced:  # a run of its own: tracing costs time on the path it measures
                 return {"nodes": nodes, "checkpoints_completed": len(durations),
@@ -286,6 +308,9 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 "e2e_ms": summary(durations),
                 # during the checkpoint loop (steady state: start-up and recovery excluded)
                 "changelog_files_per_checkpoint": len(steady_changelog) / max(1, n),
+                "checkpoints_with_changes": with_changes,
+                "changelog_files_per_checkpoint_with_changes":
+                    len(steady_changelog) / max(1, with_changes),
                 "files_per_checkpoint": len(steady) / max(1, n),
                 "files_per_checkpoint_by_kind": files_by_kind(steady, n),
                 "other_files_sample": sorted(os.path.relpath(f, base) for f in steady
@@ -371,6 +396,8 @@ def main() -> None:
     xs = [r["nodes"] for r in rows]
     a1.plot(xs, [r["dstl_ray"]["changelog_files_per_checkpoint"] for r in rows], "o-",
             label="dstl-ray")
+    a1.plot(xs, [r["dstl_ray"]["changelog_files_per_checkpoint_with_changes"] for r in rows],
+            "^:", label="dstl-ray, per checkpoint with changes")
     a2.plot(xs, [r["dstl_ray"]["ack_ms"]["p99"] for r in rows], "o-", label="dstl-ray p99")
     a2.plot(xs, [r["dstl_ray"]["ack_ms"]["p50"] for r in rows], "o--", label="dstl-ray p50")
     a2.plot(xs, [r["dstl_ray"]["e2e_ms"]["p50"] for r in rows], "^:",
@@ -386,12 +413,14 @@ def main() -> None:
                 label="Flink 2.3 changelog")
         a2.plot(fx, [r["flink"]["e2e_ms"]["p99"] for r in fl], "s-", label="Flink p99")
         a2.plot(fx, [r["flink"]["e2e_ms"]["p50"] for r in fl], "s--", label="Flink p50")
-    a1.set(xlabel="nodes / TaskManagers", ylabel="changelog files created per checkpoint")
-    a2.set(xlabel="nodes / TaskManagers",
+    a1.set(xlabel="nodes / TaskManagers", ylabel="changelog files created per checkpoint",
+           xticks=xs)
+    a2.set(xlabel="nodes / TaskManagers", xticks=xs,
            ylabel="checkpoint end-to-end ms (trigger to last ack)", yscale="log")
     a1.legend()
     a2.legend(fontsize=8)
-    fig.suptitle("Keyed count, 20k rows/s, parallelism 4, checkpoint every 200 ms, file://")
+    fig.suptitle("Keyed count, 20k rows/s (each second's rows at once, as Flink's datagen), "
+                 "parallelism 4, checkpoint every 200 ms, file://")
     write_results("vs_flink", {"workload": {"rows_per_second": 20000, "parallelism": 4,
                                             "interval_ms": 200, "seconds": seconds,
                                             "keys": KEYS},

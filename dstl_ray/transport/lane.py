@@ -1,5 +1,7 @@
 """The local lane: a writer's persist and mark calls to a node actor on the SAME machine over
-a Unix socket, not through Ray (docs/architecture.md "Write path" 2).
+a Unix socket, not through Ray (docs/architecture.md "Write path" 2); node actors use it the
+same way for a child's batches and marks to a parent on their machine ("Write path" 4,
+:meth:`Lane.submit`).
 
 Measured on the checkpoint path (issue "checkpoint latency"), a Ray actor call from a writer
 process to its node actor cost 3.3 ms to arrive and 2.2 ms to answer at the median while

@@ -23,6 +23,9 @@ def test_vs_flink_dstl_side_one_file_per_checkpoint(tmp_path):
     d = run["dstl_ray"]
     assert d["checkpoints_completed"] >= 10
     assert d["changelog_files_per_checkpoint"] == 1.0, d["batch_triggers"]
+    # every checkpoint of an even input has changes, and each wrote one file
+    assert d["checkpoints_with_changes"] == d["checkpoints_completed"]
+    assert d["changelog_files_per_checkpoint_with_changes"] == 1.0
     # every file created per checkpoint is accounted for: one changelog file, one _metadata,
     # and no temp names (file:// writes link an unnamed inode); the job lease, taken at the
     # first checkpoint (a temp name renamed over it: the watcher sees every name), is the
