@@ -24,6 +24,7 @@ Run: python -m experiments.file_merging [--quick]
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import count_at_rate, parser, plt, write_results
+from .file_watcher import FileWatcher
 
 NS = "file-merging"
 JOB = "merging"
@@ -77,23 +79,9 @@ class Subtask:
             self.b.close()
 
 
-class Watcher(threading.Thread):
-    """Every file name seen under ``root`` (polled), temporary names left out."""
-
-    def __init__(self, root: Path, interval: float = 0.01) -> None:
-        super().__init__(daemon=True)
-        self.root, self.interval, self.seen = root, interval, set()
-        self.halt = threading.Event()
-
-    def scan(self) -> set[str]:
-        now = {str(p) for p in self.root.rglob("*") if p.is_file() and ".tmp-" not in p.name}
-        self.seen |= now
-        return now
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            self.scan()
-            self.halt.wait(self.interval)
+def _files(root: Path) -> set[str]:
+    """Every file under ``root`` now, temporary names left out."""
+    return {os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if ".tmp-" not in f}
 
 
 def _kind(name: str) -> str:
@@ -130,8 +118,7 @@ def run_mode(label: str, mode: str, flush_bytes: int | None, checkpoints: int,
         coord = CheckpointCoordinator(JOB, f"file://{base}", max_parallelism=128, retained=2)
         job_dir = base / JOB
         job_dir.mkdir(parents=True, exist_ok=True)
-        watcher = Watcher(job_dir)
-        watcher.start()
+        watcher = FileWatcher(job_dir).__enter__()  # every name created (inotify)
         amplification: list[tuple[int, float | None, int]] = []
         durations = []
         for n in range(1, checkpoints + 1):
@@ -149,10 +136,9 @@ def run_mode(label: str, mode: str, flush_bytes: int | None, checkpoints: int,
             time.sleep(max(0.0, interval - (time.time() - t0)))
         stats = ray.get([a.stats.remote() for a in actors])
         time.sleep(0.2)
-        watcher.halt.set()
-        watcher.join()
-        present = watcher.scan()
-        seen = watcher.seen
+        watcher.__exit__()
+        present = _files(job_dir)
+        seen = {f for f in watcher.seen if ".tmp-" not in os.path.basename(f)}
         by_kind: dict[str, dict[str, int]] = {}
         for name in seen:
             k = by_kind.setdefault(_kind(name), {"created": 0, "deleted": 0})
