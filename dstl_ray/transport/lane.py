@@ -136,10 +136,11 @@ class Lane:
     def _recv(self) -> bytes:
         return self._recv_exact(frame_length(self._recv_exact(_LEN.size)))
 
-    def call(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
-        """Send one call; raises :class:`LaneClosedError` (nothing sent) if the lane is
-        broken, so the caller can go by Ray instead. A call that does not encode (an unknown
-        method, a bad argument) raises and leaves the lane as it was."""
+    def _register(self, method: str, args: tuple[Any, ...], queue: bool
+                  ) -> tuple[int, bytes, concurrent.futures.Future[Any]]:
+        """Encode a call (an error raises before anything is registered) and register its
+        future; with ``queue``, hand its frame to the sender thread too. Raises
+        :class:`LaneClosedError` if the lane is broken."""
         call_id = next(self._ids)
         data = frame(encode_call(call_id, method, args))
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -147,6 +148,20 @@ class Lane:
             if self.closed is not None:
                 raise LaneClosedError(f"lane to node {self.node} is closed: {self.closed}")
             self._pending[call_id] = fut
+            if queue:
+                self._queue.append(data)
+                if self._sender is None:
+                    self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                                    name=f"dstl-lane-send-{self.node}")
+                    self._sender.start()
+                self._queued.notify()
+        return call_id, data, fut
+
+    def call(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
+        """Send one call; raises :class:`LaneClosedError` (nothing sent) if the lane is
+        broken, so the caller can go by Ray instead. A call that does not encode (an unknown
+        method, a bad argument) raises and leaves the lane as it was."""
+        call_id, data, fut = self._register(method, args, queue=False)
         try:
             with self._send_lock:
                 self._sock.sendall(data)
@@ -168,20 +183,7 @@ class Lane:
         actor's event loop calls this). Raises :class:`LaneClosedError` if the lane is
         broken, or the encoding error, before anything is queued; a lane that breaks later
         fails the queued calls with the ones in flight."""
-        call_id = next(self._ids)
-        data = frame(encode_call(call_id, method, args))
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._lock:
-            if self.closed is not None:
-                raise LaneClosedError(f"lane to node {self.node} is closed: {self.closed}")
-            self._pending[call_id] = fut
-            self._queue.append(data)
-            if self._sender is None:
-                self._sender = threading.Thread(target=self._send_loop, daemon=True,
-                                                name=f"dstl-lane-send-{self.node}")
-                self._sender.start()
-            self._queued.notify()
-        return fut
+        return self._register(method, args, queue=True)[2]
 
     def _send_loop(self) -> None:
         while True:
