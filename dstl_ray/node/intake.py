@@ -183,17 +183,10 @@ class Intake:
         self.batching.mark(job_id, source, checkpoint_id)
         upstream = self.router.upstream()
         if upstream is not None and self.batching.pass_mark_up(job_id, checkpoint_id):
-            args = (job_id, self.place.name, checkpoint_id, caller)
             try:
-                lane = self.peers.lane(upstream)
-                if lane is not None:
-                    try:
-                        lane.submit("mark", *args, None)
-                        self.counters.marks_by_lane += 1
-                        return
-                    except Exception:  # noqa: BLE001, S110 - nothing went out on it: by Ray
-                        pass
-                self.peers.actor(upstream).mark.remote(*args)
+                _, by_lane = self.peers.send(upstream, "mark", job_id, self.place.name,
+                                             checkpoint_id, caller, None)
+                self.counters.marks_by_lane += by_lane
             except Exception as e:  # noqa: BLE001 - only batching suffers
                 log.debug("%s: mark to %s failed: %s", self.place.name, upstream, e)
 

@@ -7,6 +7,7 @@ actors, found by name in the tree's Ray namespace, and lanes to those on this ma
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -88,6 +89,20 @@ class Peers:
             task.add_done_callback(
                 lambda t: self._opening.pop(name) if self._opening.get(name) is t else None)
         return None
+
+    def send(self, name: str, method: str, *args: Any
+             ) -> tuple[concurrent.futures.Future[Any], bool]:
+        """``method`` at peer ``name``: over its lane if one is open (queued for the lane's
+        sender thread: this loop never blocks on the socket), else, or if the lane refused it
+        before anything went out, as a Ray call. Returns the answer's future and whether it
+        went by lane."""
+        lane = self.lane(name)
+        if lane is not None:
+            try:
+                return lane.submit(method, *args), True
+            except Exception as e:  # noqa: BLE001 - nothing went out on it: by Ray
+                log.debug("lane to %s refused %s: %s", name, method, e)
+        return getattr(self.actor(name), method).remote(*args).future(), False
 
     async def _open(self, name: str) -> None:
         try:

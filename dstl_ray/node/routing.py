@@ -241,7 +241,10 @@ class Router:
         late; we wait a little longer for an answer already on its way. An answer later
         still (a parent paused past its deadline and the grace) is released unused when it
         comes: we flushed those requests ourselves, nobody will name its segments."""
-        answer = self._send_batch(target, requests, budget_s)
+        sent, by_lane = self.peers.send(target, "persist_batch", requests, self.place.name,
+                                        budget_s, time.time())
+        self.counters.forwards_by_lane += by_lane
+        answer = asyncio.wrap_future(sent)
         try:
             segs = await asyncio.wait_for(asyncio.shield(answer), budget_s + REPLY_GRACE_S)
         except TimeoutError:
@@ -254,23 +257,6 @@ class Router:
             raise DstlError(f"{target} returned {len(segs)} results for "
                             f"{len(requests)} requests")
         return segs
-
-    def _send_batch(self, target: str, requests: list[PersistRequest], budget_s: float
-                    ) -> asyncio.Future:
-        """``persist_batch`` at ``target``: over the lane to it if one is open (queued for the
-        lane's sender thread: this loop never blocks on the socket), else, or if the lane
-        refused it before anything went out, as a Ray call."""
-        args = (requests, self.place.name, budget_s, time.time())
-        lane = self.peers.lane(target)
-        if lane is not None:
-            try:
-                fut = lane.submit("persist_batch", *args)
-                self.counters.forwards_by_lane += 1
-                return asyncio.wrap_future(fut)
-            except Exception as e:  # noqa: BLE001 - nothing went out on it: by Ray
-                log.debug("%s: lane to %s refused a batch: %s", self.place.name, target, e)
-        ref = self.peers.actor(target).persist_batch.remote(*args)
-        return asyncio.wrap_future(ref.future())
 
     async def _late_answer(self, answer: asyncio.Future, requests: list[Released]) -> None:
         try:
