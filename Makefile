@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 
 # every experiment writes experiments/results/NAME.json and NAME.png; BENCH_ARGS=--quick
 # for a CI-sized run
-EXPERIMENTS ?= append_throughput file_flood tree_scale_sim trace_path file_merging large_state
+EXPERIMENTS ?= append_throughput file_flood tree_scale_sim trace_path file_merging large_state lifecycle
 
 bench: $(STAMP)
 	for e in $(EXPERIMENTS); do $(BIN)/python -m experiments.$$e $(BENCH_ARGS) || exit 1; done
