@@ -107,8 +107,10 @@ class ChangelogNode:
         self._membership = MembershipWatcher(self._place, self.base_path, config, reconcile)
         # writers on this machine call persist_many and mark over a Unix socket
         # (dstl_ray.transport.lane), the same coroutines as the Ray methods below
+        # (an answer the lane cannot deliver is released as a late one: nobody names it)
         self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark,
-                                       "persist_batch": self.persist_batch}) \
+                                       "persist_batch": self.persist_batch},
+                                release=self._router.release_late) \
             if config.local_lane == "on" else None
 
     @staticmethod

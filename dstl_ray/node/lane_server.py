@@ -5,6 +5,11 @@ Calls start in the order their frames arrive (each becomes a task on the loop, a
 start in creation order), as Ray starts an async actor's calls from one caller in order; a
 slow call never holds up the next one on the same lane. Answers go back in the order the
 calls finish.
+
+An answer that cannot be delivered (its connection broke: the caller's process died, or it
+cut the lane) names segments nobody will name: they are released unused (``release``, the
+router's release of late answers), as the caller would have released a late answer, so no
+file written for it stays until the job's next recovery. docs/architecture.md "Write path" 2.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from ..transport.lane_codec import METHODS, decode_call, encode_answer
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[Any]]
+# releases the segments of an answer nobody got: (the call's requests, its results)
+Release = Callable[[list[Any], list[Any]], Awaitable[None]]
 
 
 DIR_PREFIX = "dstl-lane-"
@@ -75,7 +82,8 @@ class LaneServer:
     """Listens on ``<private temp dir>/lane.sock`` once :meth:`start` ran on the actor's loop;
     ``info()`` is what writers need to connect (the node's ``lane()`` method returns it)."""
 
-    def __init__(self, node: str, handlers: dict[str, Handler]) -> None:
+    def __init__(self, node: str, handlers: dict[str, Handler],
+                 release: Release | None = None) -> None:
         unknown = set(handlers) - set(METHODS)
         if unknown:
             raise ValueError(f"the lane carries {METHODS}, not {sorted(unknown)}")
@@ -85,6 +93,8 @@ class LaneServer:
         self.calls = 0
         self.connections = 0
         self.refused = 0
+        self.undelivered = 0  # answers whose connection broke first (their segments released)
+        self._release = release
         self._dir: str | None = None
         self._server: asyncio.AbstractServer | None = None
         self._starting = asyncio.Lock()  # (bound to the loop on first use)
@@ -108,10 +118,14 @@ class LaneServer:
     def info(self) -> dict[str, Any] | None:
         if self._server is None:
             return None
-        return {"path": self.path, "token": self.token, "machine": machine_id()}
+        # the pid ties a lane to this process: a peer drops a lane whose actor Ray restarted
+        # elsewhere or declared dead (dstl_ray.node.peers)
+        return {"path": self.path, "token": self.token, "machine": machine_id(),
+                "pid": os.getpid()}
 
     def stats(self) -> dict[str, int]:
-        return {"calls": self.calls, "connections": self.connections, "refused": self.refused}
+        return {"calls": self.calls, "connections": self.connections, "refused": self.refused,
+                "undelivered": self.undelivered}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()  # one frame at a time on the socket
@@ -129,6 +143,7 @@ class LaneServer:
             await writer.drain()
             while True:
                 body = await _read(reader)
+                method, args = "", ()
                 try:
                     call_id, method, args = decode_call(body)
                     handler = self.handlers.get(method)
@@ -139,7 +154,7 @@ class LaneServer:
                         raise  # no call to answer: this connection is unusable
                     call_id, work = e.call_id, _failed(e)  # answered with the error
                 task = asyncio.get_running_loop().create_task(
-                    self._run(call_id, work, writer, lock))
+                    self._run(call_id, method, args, work, writer, lock))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -149,22 +164,40 @@ class LaneServer:
         finally:
             writer.close()
 
-    async def _run(self, call_id: int, work: Awaitable[Any], writer: asyncio.StreamWriter,
+    async def _run(self, call_id: int, method: str, args: tuple[Any, ...],
+                   work: Awaitable[Any], writer: asyncio.StreamWriter,
                    lock: asyncio.Lock) -> None:
         self.calls += 1
+        value: Any = None
         try:
-            data = frame(encode_answer(call_id, True, await work))
+            value = await work
+            data = frame(encode_answer(call_id, True, value))
         except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the caller learns it
+            value = None
             data = frame(encode_answer(call_id, False, e if isinstance(e, Exception) else
                                        DstlError("the call was cancelled")))
-        if writer.is_closing():
-            return
         async with lock:
             try:
-                writer.write(data)
-                await writer.drain()
+                if not writer.is_closing():  # (a closing transport drops writes silently)
+                    writer.write(data)
+                    await writer.drain()
+                    return
             except ConnectionError:
-                pass  # the writer process went away
+                pass  # the caller's process went away, or it cut the lane
+        await self._undelivered(method, args, value)
+
+    async def _undelivered(self, method: str, args: tuple[Any, ...], value: Any) -> None:
+        """Nobody gets this answer: release the segments it names, unused."""
+        self.undelivered += 1
+        if (self._release is None or method not in ("persist_many", "persist_batch")
+                or not isinstance(value, list) or not args):
+            return
+        log.info("%s: lane answer of %s undeliverable: releasing its segments", self.node,
+                 method)
+        try:
+            await self._release(list(args[0]), value)
+        except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup covers it
+            log.warning("%s: cannot release an undelivered answer: %s", self.node, e)
 
     async def close(self) -> None:
         if self._server is not None:
