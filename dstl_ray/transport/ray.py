@@ -141,12 +141,10 @@ class RayNodeTransport:
         """The open local lane to the node actor (None: Ray calls)."""
         return self._lane
 
-    def _node_call(self, method: str, *args: Any, deadline: float | None = None
-                   ) -> concurrent.futures.Future[Any]:
-        """``method`` of the node actor, over the lane when there is one, else by Ray. A
-        lane found closed sent nothing: the call goes by Ray, and the node is found again
-        (and a new lane opened) before the next one. ``deadline`` (monotonic): the call's;
-        a lane to a stalled node drops the frame if it could not begin sending it by then."""
+    def _node_call(self, method: str, *args: Any, deadline: float | None = None) -> Any:
+        """``method`` of the node actor (a future), over the lane when there is one, else by
+        Ray. A lane found closed sent nothing: the call goes by Ray, and the node is found
+        again (and a new lane opened) before the next one. ``deadline``: Lane.call's."""
         handle, lane = self._ensure(), self._lane
         if lane is not None:
             try:
@@ -251,8 +249,7 @@ class RayNodeTransport:
             if not batch:
                 continue
             try:
-                answer = self._node_call("persist_many", [r for r, _ in batch],
-                                         deadline=deadline)
+                answer = self._node_call("persist_many", [r for r, _ in batch], deadline=deadline)
                 # Ray (or the lane's reader) runs this callback on its own thread: hand the
                 # results to ours, since what they trigger (writers, backends, users'
                 # callbacks, releases) may call Ray, and a Ray call from Ray's event thread
