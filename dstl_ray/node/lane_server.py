@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -36,12 +37,59 @@ Release = Callable[[list[Any], list[Any]], Awaitable[None]]
 
 
 DIR_PREFIX = "dstl-lane-"
+OWNER_FILE = "owner.json"  # who made a lane directory: process table, pid, start time
+
+
+def _process_table() -> str:
+    """Where a pid names one process: this machine (host, boot) and its pid namespace (two
+    containers sharing a temp directory share a host name, not their pids)."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return f"{machine_id()}/{ns}"
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat field 22): a pid
+    reused by a later process has another. None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: fields 3.. follow the last
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def owner_record() -> dict[str, Any]:
+    """This process, as a lane directory records its maker."""
+    return {"table": _process_table(), "pid": os.getpid(), "start": _started(os.getpid())}
+
+
+def _owner_gone(path: str, table: str) -> bool:
+    """Whether the process that made lane directory ``path`` is gone for sure: it recorded
+    this process table (a pid of another namespace or machine says nothing here) and no
+    process with its pid and start time exists. A directory without a record (being made
+    this instant, or by an older version) is never judged."""
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as f:
+            owner = json.load(f)
+        pid, start = int(owner["pid"]), owner["start"]
+        if owner["table"] != table:
+            return False
+        return _started(pid) != start
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False  # unreadable (hidden /proc, not ours, half written): keep it
 
 
 def remove_dead_lanes(root: str | None = None) -> int:
-    """Remove the lane directories (``dstl-lane-<pid>-*``) of this user's node actors whose
-    process is gone (killed: no shutdown ran); returns how many."""
+    """Remove the lane directories (``dstl-lane-*``) of this user's node actors whose process
+    is gone (killed: no shutdown ran); returns how many. A process is judged only within its
+    own process table and by pid AND start time, so another PID namespace sharing the
+    directory never loses a live lane, and a reused pid does not keep a dead one."""
     root = root or tempfile.gettempdir()
+    table = _process_table()
     removed = 0
     try:
         names = os.listdir(root)
@@ -52,20 +100,13 @@ def remove_dead_lanes(root: str | None = None) -> int:
             continue
         path = os.path.join(root, name)
         try:
-            pid = int(name[len(DIR_PREFIX):].split("-", 1)[0])
             if os.stat(path).st_uid != os.getuid():
                 continue
-        except (ValueError, OSError):
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # alive (or another user's: EPERM)
-        except ProcessLookupError:
-            pass
         except OSError:
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
+        if _owner_gone(path, table):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
     return removed
 
 
@@ -110,9 +151,11 @@ class LaneServer:
             if self._server is not None:
                 return
             remove_dead_lanes()
-            # mode 0700: this user only; the pid lets a later actor remove it should this
-            # process die without shutting down
+            # mode 0700: this user only; the owner record lets a later actor remove it
+            # should this process die without shutting down
             self._dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
+            with open(os.path.join(self._dir, OWNER_FILE), "w") as f:
+                json.dump(owner_record(), f)
             self._server = await asyncio.start_unix_server(self._serve, path=self.path)
 
     def info(self) -> dict[str, Any] | None:

@@ -255,22 +255,6 @@ def test_close_waits_for_the_calls_in_flight(served):
     assert held.result(0) == [_seg("hold")]
 
 
-def test_lane_directories_of_dead_actors_are_removed(tmp_path):
-    import subprocess
-
-    from dstl_ray.node.lane_server import DIR_PREFIX, remove_dead_lanes
-
-    p = subprocess.Popen(["true"])
-    p.wait()  # a pid that is gone
-    dead = tmp_path / f"{DIR_PREFIX}{p.pid}-x"
-    alive = tmp_path / f"{DIR_PREFIX}{os.getpid()}-y"
-    other = tmp_path / "dstl-lane-notapid"
-    for d in (dead, alive, other):
-        d.mkdir()
-    assert remove_dead_lanes(str(tmp_path)) == 1
-    assert not dead.exists() and alive.exists() and other.exists()
-
-
 def test_concurrent_starts_listen_once():
     import tempfile
 
