@@ -170,7 +170,8 @@ class ChangelogNode:
             jobs=len(self._jobs.seen), merged_changelog=self._flush.merged_stats(),
             upload=self._uploader.stats, entries=self._entries(),
             metrics=self.metrics.to_dict(),
-            lane=self._lane.stats() if self._lane is not None else None)
+            lane=({**self._lane.stats(), "cut": self._peers.cut}
+                  if self._lane is not None else None))
 
     def _entries(self) -> dict[str, int]:
         """Sizes of the per-job, per-writer and per-file tables (nothing may grow without
