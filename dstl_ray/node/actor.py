@@ -107,8 +107,10 @@ class ChangelogNode:
         self._membership = MembershipWatcher(self._place, self.base_path, config, reconcile)
         # writers on this machine call persist_many and mark over a Unix socket
         # (dstl_ray.transport.lane), the same coroutines as the Ray methods below
+        # (an answer the lane cannot deliver is released as a late one: nobody names it)
         self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark,
-                                       "persist_batch": self.persist_batch}) \
+                                       "persist_batch": self.persist_batch},
+                                release=self._router.release_late) \
             if config.local_lane == "on" else None
 
     @staticmethod
@@ -168,7 +170,8 @@ class ChangelogNode:
             jobs=len(self._jobs.seen), merged_changelog=self._flush.merged_stats(),
             upload=self._uploader.stats, entries=self._entries(),
             metrics=self.metrics.to_dict(),
-            lane=self._lane.stats() if self._lane is not None else None)
+            lane=({**self._lane.stats(), "cut": self._peers.cut}
+                  if self._lane is not None else None))
 
     def _entries(self) -> dict[str, int]:
         """Sizes of the per-job, per-writer and per-file tables (nothing may grow without

@@ -5,12 +5,18 @@ Calls start in the order their frames arrive (each becomes a task on the loop, a
 start in creation order), as Ray starts an async actor's calls from one caller in order; a
 slow call never holds up the next one on the same lane. Answers go back in the order the
 calls finish.
+
+An answer that cannot be delivered (its connection broke: the caller's process died, or it
+cut the lane) names segments nobody will name: they are released unused (``release``, the
+router's release of late answers), as the caller would have released a late answer, so no
+file written for it stays until the job's next recovery. docs/architecture.md "Write path" 2.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -26,15 +32,64 @@ from ..transport.lane_codec import METHODS, decode_call, encode_answer
 log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[Any]]
+# releases the segments of an answer nobody got: (the call's requests, its results)
+Release = Callable[[list[Any], list[Any]], Awaitable[None]]
 
 
 DIR_PREFIX = "dstl-lane-"
+OWNER_FILE = "owner.json"  # who made a lane directory: process table, pid, start time
+
+
+def _process_table() -> str:
+    """Where a pid names one process: this machine (host, boot) and its pid namespace (two
+    containers sharing a temp directory share a host name, not their pids)."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return f"{machine_id()}/{ns}"
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat field 22): a pid
+    reused by a later process has another. None: no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: fields 3.. follow the last
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def owner_record() -> dict[str, Any]:
+    """This process, as a lane directory records its maker."""
+    return {"table": _process_table(), "pid": os.getpid(), "start": _started(os.getpid())}
+
+
+def _owner_gone(path: str, table: str) -> bool:
+    """Whether the process that made lane directory ``path`` is gone for sure: it recorded
+    this process table (a pid of another namespace or machine says nothing here) and no
+    process with its pid and start time exists. A directory without a record (being made
+    this instant, or by an older version) is never judged."""
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as f:
+            owner = json.load(f)
+        pid, start = int(owner["pid"]), owner["start"]
+        if owner["table"] != table:
+            return False
+        return _started(pid) != start
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False  # unreadable (hidden /proc, not ours, half written): keep it
 
 
 def remove_dead_lanes(root: str | None = None) -> int:
-    """Remove the lane directories (``dstl-lane-<pid>-*``) of this user's node actors whose
-    process is gone (killed: no shutdown ran); returns how many."""
+    """Remove the lane directories (``dstl-lane-*``) of this user's node actors whose process
+    is gone (killed: no shutdown ran); returns how many. A process is judged only within its
+    own process table and by pid AND start time, so another PID namespace sharing the
+    directory never loses a live lane, and a reused pid does not keep a dead one."""
     root = root or tempfile.gettempdir()
+    table = _process_table()
     removed = 0
     try:
         names = os.listdir(root)
@@ -45,20 +100,13 @@ def remove_dead_lanes(root: str | None = None) -> int:
             continue
         path = os.path.join(root, name)
         try:
-            pid = int(name[len(DIR_PREFIX):].split("-", 1)[0])
             if os.stat(path).st_uid != os.getuid():
                 continue
-        except (ValueError, OSError):
-            continue
-        try:
-            os.kill(pid, 0)
-            continue  # alive (or another user's: EPERM)
-        except ProcessLookupError:
-            pass
         except OSError:
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
+        if _owner_gone(path, table):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
     return removed
 
 
@@ -75,7 +123,8 @@ class LaneServer:
     """Listens on ``<private temp dir>/lane.sock`` once :meth:`start` ran on the actor's loop;
     ``info()`` is what writers need to connect (the node's ``lane()`` method returns it)."""
 
-    def __init__(self, node: str, handlers: dict[str, Handler]) -> None:
+    def __init__(self, node: str, handlers: dict[str, Handler],
+                 release: Release | None = None) -> None:
         unknown = set(handlers) - set(METHODS)
         if unknown:
             raise ValueError(f"the lane carries {METHODS}, not {sorted(unknown)}")
@@ -85,6 +134,8 @@ class LaneServer:
         self.calls = 0
         self.connections = 0
         self.refused = 0
+        self.undelivered = 0  # answers whose connection broke first (their segments released)
+        self._release = release
         self._dir: str | None = None
         self._server: asyncio.AbstractServer | None = None
         self._starting = asyncio.Lock()  # (bound to the loop on first use)
@@ -100,18 +151,24 @@ class LaneServer:
             if self._server is not None:
                 return
             remove_dead_lanes()
-            # mode 0700: this user only; the pid lets a later actor remove it should this
-            # process die without shutting down
+            # mode 0700: this user only; the owner record lets a later actor remove it
+            # should this process die without shutting down
             self._dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
+            with open(os.path.join(self._dir, OWNER_FILE), "w") as f:
+                json.dump(owner_record(), f)
             self._server = await asyncio.start_unix_server(self._serve, path=self.path)
 
     def info(self) -> dict[str, Any] | None:
         if self._server is None:
             return None
-        return {"path": self.path, "token": self.token, "machine": machine_id()}
+        # the pid ties a lane to this process: a peer drops a lane whose actor Ray restarted
+        # elsewhere or declared dead (dstl_ray.node.peers)
+        return {"path": self.path, "token": self.token, "machine": machine_id(),
+                "pid": os.getpid()}
 
     def stats(self) -> dict[str, int]:
-        return {"calls": self.calls, "connections": self.connections, "refused": self.refused}
+        return {"calls": self.calls, "connections": self.connections, "refused": self.refused,
+                "undelivered": self.undelivered}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()  # one frame at a time on the socket
@@ -129,6 +186,7 @@ class LaneServer:
             await writer.drain()
             while True:
                 body = await _read(reader)
+                method, args = "", ()
                 try:
                     call_id, method, args = decode_call(body)
                     handler = self.handlers.get(method)
@@ -139,7 +197,7 @@ class LaneServer:
                         raise  # no call to answer: this connection is unusable
                     call_id, work = e.call_id, _failed(e)  # answered with the error
                 task = asyncio.get_running_loop().create_task(
-                    self._run(call_id, work, writer, lock))
+                    self._run(call_id, method, args, work, writer, lock))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -149,22 +207,40 @@ class LaneServer:
         finally:
             writer.close()
 
-    async def _run(self, call_id: int, work: Awaitable[Any], writer: asyncio.StreamWriter,
+    async def _run(self, call_id: int, method: str, args: tuple[Any, ...],
+                   work: Awaitable[Any], writer: asyncio.StreamWriter,
                    lock: asyncio.Lock) -> None:
         self.calls += 1
+        value: Any = None
         try:
-            data = frame(encode_answer(call_id, True, await work))
+            value = await work
+            data = frame(encode_answer(call_id, True, value))
         except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the caller learns it
+            value = None
             data = frame(encode_answer(call_id, False, e if isinstance(e, Exception) else
                                        DstlError("the call was cancelled")))
-        if writer.is_closing():
-            return
         async with lock:
             try:
-                writer.write(data)
-                await writer.drain()
+                if not writer.is_closing():  # (a closing transport drops writes silently)
+                    writer.write(data)
+                    await writer.drain()
+                    return
             except ConnectionError:
-                pass  # the writer process went away
+                pass  # the caller's process went away, or it cut the lane
+        await self._undelivered(method, args, value)
+
+    async def _undelivered(self, method: str, args: tuple[Any, ...], value: Any) -> None:
+        """Nobody gets this answer: release the segments it names, unused."""
+        self.undelivered += 1
+        if (self._release is None or method not in ("persist_many", "persist_batch")
+                or not isinstance(value, list) or not args):
+            return
+        log.info("%s: lane answer of %s undeliverable: releasing its segments", self.node,
+                 method)
+        try:
+            await self._release(list(args[0]), value)
+        except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup covers it
+            log.warning("%s: cannot release an undelivered answer: %s", self.node, e)
 
     async def close(self) -> None:
         if self._server is not None:

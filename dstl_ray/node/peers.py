@@ -1,6 +1,15 @@
 """This node's place in the tree and its peers (docs/architecture.md "Tree"): the other node
 actors, found by name in the tree's Ray namespace, and lanes to those on this machine.
 
+A lane is tied to the process it was opened to (its pid, from the peer's ``lane()``), while
+releases, registrations and a new lane go to whatever process the peer's NAME means now. So
+every LANE_CHECK_S each lane, open or retiring, is checked against Ray's actor table: once
+Ray has restarted that actor elsewhere or holds it dead (its Ray node declared dead while the
+old process still runs: a zombie), the lane is cut at once. Its calls in flight fail (the
+child flushes itself, as for a dead parent), and the old process, finding their answers
+undeliverable, releases what it wrote for them (:mod:`.lane_server`). A peer that is only
+stalled stays ALIVE in Ray: its lane stays, and costs lateness only.
+
 ``topology`` (placement, discovery) builds on these names; this package never imports it.
 """
 
@@ -11,6 +20,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +34,7 @@ LANE_RETRY_S = 30.0  # a peer that offered no lane (or could not be reached) is 
 # how long a child listens for an answer it stopped waiting for (routing), and how long a
 # dropped lane's calls in flight may still be answered
 LATE_ANSWER_WAIT_S = 600.0
+LANE_CHECK_S = 2.0  # how often a lane's peer is checked against Ray's actor table
 
 NODE_PREFIX = "dstl-node-"  # node actors' names: this prefix and the Ray node id's head
 
@@ -35,6 +46,21 @@ def list_node_actors(namespace: str) -> list[str]:
     names = ray.util.list_named_actors(all_namespaces=True)
     return sorted(a["name"] for a in names
                   if a.get("namespace") == namespace and a["name"].startswith(NODE_PREFIX))
+
+
+def ray_actor_state(handle: Any) -> tuple[str, int] | None:
+    """(state, pid) Ray's actor table holds for the actor behind ``handle`` ("DEAD", 0 when
+    it has no entry); None when the table could not be read (then nothing is concluded)."""
+    try:
+        from ray._private.state import state
+
+        info = state.actor_table(handle._actor_id.hex())
+    except Exception as e:  # noqa: BLE001 - no answer: the lane stays
+        log.debug("actor table lookup failed: %s", e)
+        return None
+    if not info:
+        return "DEAD", 0
+    return str(info.get("State", "")), int(info.get("Pid") or 0)
 
 
 @dataclass
@@ -55,14 +81,22 @@ class Peers:
     out on a lane from its sender thread (``Lane.submit``), never blocking this loop."""
 
     def __init__(self, namespace: str, lanes: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 actor_state: Callable[[Any], tuple[str, int] | None] = ray_actor_state
+                 ) -> None:
         self.namespace = namespace
         self.handles: dict[str, Any] = {}
         self.use_lanes = lanes
         self.clock = clock
+        self.actor_state = actor_state  # Ray's actor table (tests give their own)
         self.lanes: dict[str, Lane] = {}
+        self.retiring: dict[Lane, str] = {}  # dropped lanes still delivering answers
+        # the actor handle (its id, not its name) each lane was opened to
+        self._lane_actor: weakref.WeakKeyDictionary[Lane, Any] = weakref.WeakKeyDictionary()
+        self.cut = 0  # lanes cut because their peer's actor was restarted or dead
         self._no_lane_until: dict[str, float] = {}  # no lane to it: try again after this
         self._opening: dict[str, asyncio.Task] = {}
+        self._watch: asyncio.Task | None = None
 
     def actor(self, name: str) -> Any:
         h = self.handles.get(name)
@@ -90,33 +124,79 @@ class Peers:
                 lambda t: self._opening.pop(name) if self._opening.get(name) is t else None)
         return None
 
-    def send(self, name: str, method: str, *args: Any
+    def send(self, name: str, method: str, *args: Any, timeout_s: float | None = None
              ) -> tuple[concurrent.futures.Future[Any], bool]:
         """``method`` at peer ``name``: over its lane if one is open (queued for the lane's
         sender thread: this loop never blocks on the socket), else, or if the lane refused it
         before anything went out, as a Ray call. Returns the answer's future and whether it
-        went by lane."""
+        went by lane. ``timeout_s``: the caller's deadline; a lane drops the call's frame if
+        it could not begin sending it by then (a stalled peer), and otherwise never gives up
+        on its own: the caller's deadline is the only one."""
         lane = self.lane(name)
         if lane is not None:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             try:
-                return lane.submit(method, *args), True
+                return lane.submit(method, *args, deadline=deadline), True
             except Exception as e:  # noqa: BLE001 - nothing went out on it: by Ray
                 log.debug("lane to %s refused %s: %s", name, method, e)
         return getattr(self.actor(name), method).remote(*args).future(), False
 
     async def _open(self, name: str) -> None:
+        handle = None
         try:
-            info = await asyncio.wait_for(self.actor(name).lane.remote(), LANE_OPEN_TIMEOUT_S)
+            handle = self.actor(name)
+            info = await asyncio.wait_for(handle.lane.remote(), LANE_OPEN_TIMEOUT_S)
             ln = await asyncio.to_thread(open_lane, info, name) if info else None
         except Exception as e:  # noqa: BLE001 - Ray calls still work
             log.info("no lane to %s: %s: %s", name, type(e).__name__, e)
             ln = None
         if ln is None:
             self._no_lane_until[name] = self.clock() + LANE_RETRY_S
-        elif self._opening.get(name) is not asyncio.current_task():
-            _retire(ln)  # dropped while it opened
+            return
+        self._lane_actor[ln] = handle  # the actor (by id, not name) it was opened to
+        if self._opening.get(name) is not asyncio.current_task():
+            self._retire(ln, name)  # dropped while it opened
         else:
             self.lanes[name] = ln
+            if self._watch is None or self._watch.done():
+                self._watch = asyncio.get_running_loop().create_task(self._check_lanes())
+
+    async def _check_lanes(self) -> None:
+        """Every LANE_CHECK_S, while any lane is open or retiring: cut those whose peer's
+        actor Ray restarted (another pid) or holds for dead."""
+        while self.lanes or self.retiring:
+            await asyncio.sleep(LANE_CHECK_S)
+            for ln, name in [(ln, n) for n, ln in self.lanes.items()] + list(
+                    self.retiring.items()):
+                if ln.closed is not None:
+                    self.retiring.pop(ln, None)
+                    continue
+                try:
+                    got = await asyncio.wait_for(
+                        asyncio.to_thread(self.actor_state, self._lane_actor.get(ln)),
+                        LANE_OPEN_TIMEOUT_S)
+                except Exception as e:  # noqa: BLE001 - unknown: the lane stays
+                    log.debug("cannot check the lane to %s: %s", name, e)
+                    continue
+                if got is None:
+                    continue
+                state, pid = got
+                if state == "ALIVE" and (ln.peer_pid is None or pid == ln.peer_pid):
+                    continue
+                self._cut(name, ln, f"Ray holds its actor {state} with pid {pid}")
+
+    def _cut(self, name: str, ln: Lane, why: str) -> None:
+        """The lane's process is no longer the actor ``name`` means: close it now (not
+        retired), so nothing more goes to that process and what it did for the calls in
+        flight is released there, not named here."""
+        log.warning("cutting the lane to %s (pid %s): %s", name, ln.peer_pid, why)
+        self.cut += 1
+        if self.lanes.get(name) is ln:
+            del self.lanes[name]
+            self.handles.pop(name, None)  # looked up again: it may be a new actor
+        self.retiring.pop(ln, None)
+        self._lane_actor.pop(ln, None)
+        ln.close(drain_s=0)
 
     def drop(self, name: str | None) -> None:
         """Forget ``name``'s handle and lane (a call to it failed): looked up again next
@@ -129,14 +209,21 @@ class Peers:
         self._opening.pop(name, None)  # an open under way retires what it opens
         ln = self.lanes.pop(name, None)
         if ln is not None:
-            _retire(ln)
+            self._retire(ln, name)
+
+    def _retire(self, ln: Lane, name: str) -> None:
+        """Close ``ln`` once its calls in flight are answered, on a thread of its own; it is
+        still checked (and cut) meanwhile."""
+        self.retiring[ln] = name
+
+        def close() -> None:
+            ln.close(drain_s=LATE_ANSWER_WAIT_S)
+            self.retiring.pop(ln, None)
+
+        threading.Thread(target=close, daemon=True, name="dstl-lane-retire").start()
 
     def close(self) -> None:
         for name in list(self.lanes) + list(self._opening):
             self.drop(name)
-
-
-def _retire(ln: Lane) -> None:
-    """Close ``ln`` once its calls in flight are answered, on a thread of its own."""
-    threading.Thread(target=ln.close, kwargs={"drain_s": LATE_ANSWER_WAIT_S}, daemon=True,
-                     name="dstl-lane-retire").start()
+        if self._watch is not None:
+            self._watch.cancel()

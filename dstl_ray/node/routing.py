@@ -241,8 +241,10 @@ class Router:
         late; we wait a little longer for an answer already on its way. An answer later
         still (a parent paused past its deadline and the grace) is released unused when it
         comes: we flushed those requests ourselves, nobody will name its segments."""
+        # over a lane, the batch's frame is dropped unsent if a stalled target took none of
+        # it within the budget; a stall never breaks the lane (no leak, no early failure)
         sent, by_lane = self.peers.send(target, "persist_batch", requests, self.place.name,
-                                        budget_s, time.time())
+                                        budget_s, time.time(), timeout_s=budget_s)
         self.counters.forwards_by_lane += by_lane
         answer = asyncio.wrap_future(sent)
         try:

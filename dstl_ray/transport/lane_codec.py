@@ -4,6 +4,9 @@ each decoded into its dataclasses with every field's type checked, so a frame ca
 the node actor run code, and a malformed one fails with a :class:`DstlError` naming it.
 
 Body of a frame: u32 header length | header (JSON, UTF-8) | blobs (lengths in ``header["b"]``).
+Each request names its section's blob by index: every blob exactly once, and every index
+entry within its section, or the frame is refused (it could otherwise hand one request
+another's bytes).
 """
 
 from __future__ import annotations
@@ -104,18 +107,38 @@ def _hex(v: Any, what: str) -> bytes:
         raise DstlError(f"malformed lane frame: {what} is not hex") from None
 
 
-def _request_in(d: Any, blobs: list[memoryview]) -> PersistRequest:
+def _blob(v: Any, blobs: list[memoryview], taken: set[int]) -> memoryview:
+    """The blob a request names: an index into this frame's blobs, each taken once (a
+    negative index, as Python reads it, or a shared one would hand one request another's
+    bytes)."""
+    i = _want(v, int, "section data")
+    if not 0 <= i < len(blobs):
+        raise DstlError(f"malformed lane frame: section data names blob {i}, the frame has "
+                        f"{len(blobs)}")
+    if i in taken:
+        raise DstlError(f"malformed lane frame: blob {i} is named by two requests")
+    taken.add(i)
+    return blobs[i]
+
+
+def _request_in(d: Any, blobs: list[memoryview], taken: set[int]) -> PersistRequest:
     d = _want(d, dict, "request")
     s = _want(d["sec"], dict, "section")
+    data = _blob(s["data"], blobs, taken)
     index = []
     for e in _want(s["idx"], list, "section index"):
         e = _want(e, list, "index entry")
         if len(e) != 6:
             raise DstlError("malformed lane frame: index entry")
         kg, smin, smax, off, ln = _ints(e[1:], 5, "index entry")
+        if min(kg, smin, smax, off, ln) < 0 or smin > smax or off + ln > len(data):
+            raise DstlError(f"malformed lane frame: index entry (key group {kg}, sqns "
+                            f"{smin}..{smax}, bytes {off}+{ln}) outside its section of "
+                            f"{len(data)} bytes")
         index.append(BlockIndex(_hex(e[0], "index log id"), kg, smin, smax, off, ln))
     smin, smax = _ints(s["sqn"], 2, "section sqns")
-    data = blobs[_want(s["data"], int, "section data")]
+    if min(smin, smax) < 0 or smin > smax:
+        raise DstlError(f"malformed lane frame: section sqns {smin}..{smax}")
     section = EncodedSection(_hex(s["log"], "log id"), bytes(data), tuple(index), smin, smax,
                              _want(s["flags"], int, "flags"))
     trace = tuple((_want(k, str, "trace"), _want(v, str, "trace"))
@@ -180,22 +203,28 @@ def decode_call(body: bytes) -> tuple[int, str, tuple[Any, ...]]:
     call_id = _want(header.get("id"), int, "call id")
     try:
         method = header.get("m")
+        taken: set[int] = set()
+        args: tuple[Any, ...]
         if method == "persist_many":
-            return call_id, method, ([_request_in(r, blobs)
-                                      for r in _want(header["r"], list, "requests")],)
-        if method == "mark":
+            args = ([_request_in(r, blobs, taken)
+                     for r in _want(header["r"], list, "requests")],)
+        elif method == "mark":
             job_id, source, checkpoint_id, caller, named = _want(header["a"], list, "args")
-            return call_id, method, (
-                _want(job_id, str, "job id"), _want(source, str, "source"),
-                _want(checkpoint_id, int, "checkpoint id"), _caller_in(caller),
-                None if named is None else _want(named, int, "named"))
-        if method == "persist_batch":
+            args = (_want(job_id, str, "job id"), _want(source, str, "source"),
+                    _want(checkpoint_id, int, "checkpoint id"), _caller_in(caller),
+                    None if named is None else _want(named, int, "named"))
+        elif method == "persist_batch":
             source, budget_s, sent_at = _want(header["a"], list, "args")
-            return call_id, method, (
-                [_request_in(r, blobs) for r in _want(header["r"], list, "requests")],
-                _want(source, str, "source"), _seconds(budget_s, "budget"),
-                _seconds(sent_at, "sent at"))
-        raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
+            args = ([_request_in(r, blobs, taken)
+                     for r in _want(header["r"], list, "requests")],
+                    _want(source, str, "source"), _seconds(budget_s, "budget"),
+                    _seconds(sent_at, "sent at"))
+        else:
+            raise DstlError(f"the lane carries {', '.join(METHODS)}, not {method!r}")
+        if len(taken) != len(blobs):
+            raise DstlError(f"malformed lane frame: {len(blobs) - len(taken)} of its "
+                            f"{len(blobs)} blobs named by no request")
+        return call_id, method, args
     except (KeyError, TypeError, ValueError, IndexError, DstlError) as e:
         err = e if isinstance(e, DstlError) else DstlError(
             f"malformed lane call: {type(e).__name__}: {e}")

@@ -141,14 +141,14 @@ class RayNodeTransport:
         """The open local lane to the node actor (None: Ray calls)."""
         return self._lane
 
-    def _node_call(self, method: str, *args: Any) -> concurrent.futures.Future[Any]:
-        """``method`` of the node actor, over the lane when there is one, else by Ray. A
-        lane found closed sent nothing: the call goes by Ray, and the node is found again
-        (and a new lane opened) before the next one."""
+    def _node_call(self, method: str, *args: Any, deadline: float | None = None) -> Any:
+        """``method`` of the node actor (a future), over the lane when there is one, else by
+        Ray. A lane found closed sent nothing: the call goes by Ray, and the node is found
+        again (and a new lane opened) before the next one. ``deadline``: Lane.call's."""
         handle, lane = self._ensure(), self._lane
         if lane is not None:
             try:
-                return lane.call(method, *args)
+                return lane.call(method, *args, deadline=deadline)
             except LaneClosedError:
                 with self._lock:
                     if self._lane is lane:  # not a lane another thread opened since
@@ -234,8 +234,8 @@ class RayNodeTransport:
                 if batch:
                     self._calls += 1
                     call = self._calls
-                    self._inflight[call] = (
-                        time.monotonic() + self.config.effective_persist_timeout_s, batch)
+                    deadline = time.monotonic() + self.config.effective_persist_timeout_s
+                    self._inflight[call] = (deadline, batch)
             for fut, what in marks:
                 self._deliveries.submit(_fail_future, fut, PersistError(
                     f"node actor {self.node_name} did not take {what} within "
@@ -249,7 +249,7 @@ class RayNodeTransport:
             if not batch:
                 continue
             try:
-                answer = self._node_call("persist_many", [r for r, _ in batch])
+                answer = self._node_call("persist_many", [r for r, _ in batch], deadline=deadline)
                 # Ray (or the lane's reader) runs this callback on its own thread: hand the
                 # results to ours, since what they trigger (writers, backends, users'
                 # callbacks, releases) may call Ray, and a Ray call from Ray's event thread

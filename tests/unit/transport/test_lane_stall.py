@@ -1,0 +1,155 @@
+"""A stalled receiver costs lateness, never a broken lane (docs/architecture.md "Write path"
+2): a node actor's loop blocked (a blocking call, as a GC pause or SIGSTOP would) with a
+frame larger than the socket's buffers queued. The sender never blocks its caller, nothing
+times out on a fixed send timeout, a call fails only by its own deadline (a frame not begun
+by then is dropped unsent), and an answer the server cannot deliver is released there."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from dstl_ray.errors import DeadlineError
+from dstl_ray.format.changelog import BlockIndex, EncodedSection
+from dstl_ray.log.handle import Segment
+from dstl_ray.node.lane_server import LaneServer
+from dstl_ray.node.namespaces import Caller
+from dstl_ray.transport import lane as lane_mod
+from dstl_ray.transport.base import PersistRequest
+from dstl_ray.transport.lane import LaneClosedError, open_lane
+
+BIG = 16 << 20  # far beyond a Unix socket's buffers
+
+
+def _req(tag: str, size: int = 8) -> PersistRequest:
+    log = bytes(range(16))
+    body = os.urandom(size)
+    section = EncodedSection(log, body, (BlockIndex(log, 3, 1, 2, 0, len(body)),), 1, 2, 0)
+    return PersistRequest("job", section, tag, (), 7, Caller("ns"), 4, "inc-1", 6)
+
+
+def _seg(tag: str) -> Segment:
+    return Segment(f"dstl/node-a/{tag}.dstl", 0, 8, 1, 2, "node-a")
+
+
+class _Node:
+    """A LaneServer on its own asyncio loop thread, as in a node actor, whose loop can be
+    blocked (stalled) for a while; it records calls and released answers."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.seen: list[str] = []
+        self.released: list[tuple[list[str], list]] = []
+        self.hold = threading.Event()
+
+        async def persist_many(requests):
+            tags = [r.source for r in requests]
+            self.seen.extend(tags)
+            if tags == ["hold"]:
+                await asyncio.to_thread(self.hold.wait, 30)
+            return [_seg(t) for t in tags]
+
+        async def release(requests, results):
+            self.released.append(([r.source for r in requests], results))
+
+        self.server = LaneServer("node-a", {"persist_many": persist_many}, release=release)
+        self.run(self.server.start())
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    def stall(self, seconds: float) -> None:
+        """Block the node's loop: it reads nothing and answers nothing meanwhile."""
+        self.loop.call_soon_threadsafe(time.sleep, seconds)
+
+    def stop(self) -> None:
+        self.hold.set()
+        self.run(self.server.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def node() -> Iterator[_Node]:
+    n = _Node()
+    yield n
+    n.stop()
+
+
+def test_a_stall_longer_than_any_send_timeout_costs_lateness_not_the_lane(node, monkeypatch):
+    """Before the fix the lane's sends timed out (SO_SNDTIMEO, 5 s documented, about 10 s in
+    effect; 0.5 s here so the test is short) and the lane closed, failing both calls with
+    LaneClosedError while the node went on to execute the big one and drop its answer."""
+    monkeypatch.setattr(lane_mod, "SEND_TIMEOUT_S", 0.5, raising=False)
+    lane = open_lane(node.server.info(), "node-a")
+    reqs = [_req("big", BIG)], [_req("after")]
+    node.stall(3.0)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    big = lane.call("persist_many", reqs[0])
+    after = lane.call("persist_many", reqs[1])
+    assert time.monotonic() - t0 < 1.5, "the caller never waits for a stalled node"
+    assert big.result(20) == [_seg("big")] and after.result(20) == [_seg("after")]
+    assert lane.closed is None and node.seen == ["big", "after"]
+    assert node.server.stats()["undelivered"] == 0 and not node.released
+    lane.close()
+
+
+def test_submit_waits_out_a_stall_in_the_sender_thread(node, monkeypatch):
+    monkeypatch.setattr(lane_mod, "SEND_TIMEOUT_S", 0.5, raising=False)
+    lane = open_lane(node.server.info(), "node-a")
+    node.stall(2.0)
+    time.sleep(0.1)
+    futs = [lane.submit("persist_many", [_req(f"s{i}", BIG // 4)]) for i in range(4)]
+    assert [f.result(20) for f in futs] == [[_seg(f"s{i}")] for i in range(4)]
+    assert lane.closed is None
+    lane.close()
+
+
+def test_a_frame_not_begun_by_its_deadline_is_dropped_unsent(node):
+    """Only the call whose deadline passed fails (DeadlineError), and the node never sees
+    it; the call in the middle of its frame and the one with a later deadline complete."""
+    lane = open_lane(node.server.info(), "node-a")
+    reqs = [_req("big", BIG)], [_req("short")], [_req("long")]
+    node.stall(3.0)
+    time.sleep(0.1)
+    now = time.monotonic()
+    big = lane.call("persist_many", reqs[0], deadline=now + 1.0)  # begun at once: it goes
+    short = lane.call("persist_many", reqs[1], deadline=now + 1.0)
+    long = lane.call("persist_many", reqs[2], deadline=now + 30)
+    with pytest.raises(DeadlineError, match="not sent"):
+        short.result(10)
+    assert big.result(20) == [_seg("big")] and long.result(20) == [_seg("long")]
+    assert node.seen == ["big", "long"] and lane.closed is None
+    lane.close()
+
+
+def test_an_answer_that_cannot_be_delivered_is_released_at_the_node(node):
+    """The caller's process dies with a call in flight: the node finishes the call and,
+    unable to answer, releases the segments it wrote for it (before: dropped, the file
+    stayed until the job's next recovery)."""
+    lane = open_lane(node.server.info(), "node-a")
+    held = lane.call("persist_many", [_req("hold")])
+    deadline = time.monotonic() + 5
+    while "hold" not in node.seen:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    lane._sock.shutdown(socket.SHUT_RDWR)  # the caller's process dies
+    with pytest.raises(LaneClosedError):
+        held.result(5)
+    node.hold.set()
+    deadline = time.monotonic() + 5
+    while not node.released:
+        assert time.monotonic() < deadline, "the undelivered answer was not released"
+        time.sleep(0.01)
+    assert node.released == [(["hold"], [_seg("hold")])]
+    assert node.server.stats()["undelivered"] == 1
+    lane.close()
