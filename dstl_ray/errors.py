@@ -90,6 +90,22 @@ class RestoreError(CheckpointError):
         self.path = path
 
 
+class MissingStateError(CheckpointError):
+    """A run needs state that no checkpoint of the job holds: a Spark micro-batch ``n > 0``
+    whose job has no complete checkpoint ``n - 1`` or ``n`` (its changelog base path is new
+    or emptied while Spark's checkpoint location says batches before ``n`` ran). Starting
+    from empty state instead must be chosen explicitly. The message names the job, the batch
+    and what was found."""
+
+    def __init__(self, message: str, *, job_id: str, batch_id: int, latest_id: int | None,
+                 base_path: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.batch_id = batch_id
+        self.latest_id = latest_id
+        self.base_path = base_path
+
+
 class NamespaceError(DstlError, PermissionError):
     """A request for a job came from another Ray namespace than the job's own: node actors
     accept a job's requests only from the namespace that job's writers run in."""

@@ -21,6 +21,9 @@ reload version ``batch_id`` (so the outputs are produced again for the sink). Th
 idempotent by batch id, as Spark's foreachBatch documentation asks. Spark replays only its
 last batch; a batch id older than the latest complete checkpoint means the query is not the
 one that wrote the checkpoints (see :func:`is_replay`) and fails without deleting anything.
+A batch id above the latest checkpoint's plus one (the job's state is gone: a new or emptied
+base path under an old ``checkpointLocation``) fails before any task runs, unless the
+operator was told to start over (``on_missing_state``; see :func:`missing_state`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
-from .replay import is_replay, snapshot_time
+from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
 from .stats import BatchHistory, BatchStats
 from .timers import TIMERS_STATE
 from .worker import TaskSpec, UpdateFn, run_partition
@@ -106,6 +109,11 @@ class KeyedStatefulOperator:
     the default) or ``"rocksdb"`` (a local RocksDB per subtask, in a working directory under
     ``local_dir`` on the executor, default its temp directory: state larger than memory,
     incremental materialization). Checkpoints of either restore into the other.
+
+    ``on_missing_state`` says what a batch ``n > 0`` does when the job has no complete
+    checkpoint ``n - 1`` (or ``n``, a replay): ``"fail"`` (the default) raises
+    :class:`~dstl_ray.errors.MissingStateError` on the driver before any task runs, naming
+    the job, the batch and what was found; ``"start_empty"`` starts over from empty state.
     """
 
     def __init__(self, job_id: str, key: str, update: UpdateFn, *,
@@ -118,7 +126,7 @@ class KeyedStatefulOperator:
                  state_backend: str = "heap", local_dir: str | None = None,
                  api: str = "rows", output_schema: Any = None,
                  on_timer: Callable[..., Any] | None = None, event_time: str | None = None,
-                 allowed_delay: float = 0.0) -> None:
+                 allowed_delay: float = 0.0, on_missing_state: str = "fail") -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -156,6 +164,10 @@ class KeyedStatefulOperator:
                 or not 0 <= allowed_delay < float("inf"):
             raise ConfigError(f"allowed_delay must be seconds >= 0, got {allowed_delay!r}")
         self.on_timer, self.event_time = on_timer, event_time
+        if on_missing_state not in ON_MISSING_STATE:
+            raise ConfigError(f"on_missing_state must be one of "
+                              f"{', '.join(ON_MISSING_STATE)}, got {on_missing_state!r}")
+        self.on_missing_state = on_missing_state
         self.allowed_delay_ms = int(round(allowed_delay * 1000))
         self._attempts: tuple[str, ...] = ()  # per subtask, the attempt the latest holds
         self._replay_time: dict[int, int] = {}  # the last batch's processing time
@@ -234,6 +246,15 @@ class KeyedStatefulOperator:
         p = self.parallelism(spark)
         self._check_event_time(df)
         latest = cc.latest_checkpoint()
+        gone = missing_state(self.job_id, batch_id, latest.checkpoint_id if latest else None,
+                             self.base_path)
+        if gone is not None:
+            if self.on_missing_state == "fail":
+                raise gone
+            log.warning("job %r: micro-batch %d starts over from empty state "
+                        "(on_missing_state='start_empty'); latest complete checkpoint under "
+                        "%s: %s", self.job_id, batch_id, self.base_path, gone.latest_id)
+            latest, self.epoch, self._attempts = None, uuid.uuid4().hex, ()
         replayed = is_replay(self.job_id, batch_id, latest.checkpoint_id if latest else None)
         # the batch's processing time: a replay runs at the time its first run ran at, so
         # its processing-time timers fire as they did then (remembered here too, for a

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import DstlError, JobLeaseError, StorageError
+from ..process_identity import MACHINE as _MACHINE
+from ..process_identity import pid_alive as _pid_alive
 from ..storage.base import Storage, join
 from ..storage.registry import get_storage
 
@@ -75,35 +77,6 @@ _HOST = socket.gethostname()
 # in the same millisecond (a wiped job directory, then a restart) must still be ordered
 _last_epoch = 0
 _epoch_lock = threading.Lock()
-
-
-def _machine() -> str:
-    """Where a pid means this process table: the host, its boot, its pid namespace (two
-    containers on one host share a host name, not their pids)."""
-    parts = [_HOST]
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
-    except OSError:
-        parts.append("?")
-    try:
-        parts.append(os.readlink("/proc/self/ns/pid"))
-    except OSError:
-        parts.append("?")
-    return "/".join(parts)
-
-
-_MACHINE = _machine()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class JobLease:

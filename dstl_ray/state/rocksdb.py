@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import uuid
@@ -62,6 +61,7 @@ from .rocksdb_local import (
     Io,
     copy_batches,
     open_db,
+    owner_record,
     sweep_stale,
     worth_compacting,
 )
@@ -96,7 +96,7 @@ class RocksDBStateTable:
             sweep_stale(local_dir or tempfile.gettempdir())
             self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=local_dir)
             with open(f"{self.path}/{OWNER_FILE}", "w") as f:
-                f.write(f"{socket.gethostname()} {os.getpid()}")
+                f.write(owner_record())
         self._read, self._write = Io(self.path, "read"), Io(self.path, "write")
         try:
             self._db: Any = open_db(f"{self.path}/db", self.path)

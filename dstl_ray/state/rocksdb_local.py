@@ -2,18 +2,19 @@
 database options and opening, its working directories and the errors of both.
 
 A working directory holds the database, its local checkpoints and restores in progress, and
-an owner file naming the host and pid of the process using it: a new table deletes the
-directories of dead processes of its host (a killed worker cannot close its table), so a
-restarted worker does not fill the disk with copies of state. Errors of RocksDB or of the
+an owner file naming the process using it (its machine, pid namespace included, pid and start
+time: :mod:`dstl_ray.process_identity`): a new table deletes the directories of dead processes
+of its machine (a killed worker cannot close its table), so a restarted worker does not fill
+the disk with copies of state. Errors of RocksDB or of the
 file system (a full disk, an I/O error, a table used after close) raise
 :class:`~dstl_ray.errors.LocalStateError` naming the directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-import socket
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -31,6 +32,7 @@ from rocksdict import (
 
 from ..errors import FormatError, LocalStateError
 from ..keygroups import KeyGroupRange
+from ..process_identity import ProcessId
 from .rocksdb_keys import kg_prefix, scan
 
 WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
@@ -69,13 +71,26 @@ class Closed:
 
 
 WORKDIR_PREFIX = "dstl-rocksdb-"
-OWNER_FILE = "OWNER"  # "host pid" of the process whose table uses the directory
+# the owning process (JSON: its machine, pid and start time, dstl_ray.process_identity)
+OWNER_FILE = "OWNER"
+
+
+def owner_record() -> str:
+    """What this process writes to the owner file of a working directory it creates."""
+    return json.dumps(ProcessId.current().to_dict())
 
 
 def sweep_stale(local_dir: str) -> list[str]:
     """Delete the working directories under ``local_dir`` whose process is gone (killed
     before it could close its table): a restarted worker would otherwise fill the disk
-    with copies of state. Returns what went."""
+    with copies of state. Returns what went.
+
+    Only an owner known dead goes (:meth:`ProcessId.dead`): one of this machine (host, boot
+    and pid namespace: a directory shared with another container is never swept for a pid
+    that means another process there) whose pid names no process, or a process started at
+    another time than the owner (a reused pid would otherwise keep the directory for
+    good). A directory without a readable owner record (being created this instant, or
+    written by an older version, which recorded no pid namespace) is left alone."""
     gone = []
     try:
         names = os.listdir(local_dir)
@@ -87,25 +102,13 @@ def sweep_stale(local_dir: str) -> list[str]:
             continue
         try:
             with open(os.path.join(path, OWNER_FILE)) as f:
-                host, pid_text = f.read().split()
-                pid = int(pid_text)
+                owner = ProcessId.from_dict(json.loads(f.read()))
         except (OSError, ValueError):
             continue  # not ours, or being created this instant
-        # only a process of this host (and pid namespace) can be asked whether it lives
-        if host == socket.gethostname() and pid != os.getpid() and not _alive(pid):
+        if owner is not None and owner.dead():
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
     return gone
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True
 
 
 def db_options() -> Options:

@@ -1,12 +1,14 @@
 """The stateful foreachBatch operator on RayDP over several Ray nodes: its durable state equals
 a plain batch recomputation of all input under task retries, a driver restart in the window
 between checkpoint completion and Spark's commit, a node-actor kill and an executor kill; and
-every task's changes enter the tree at its own executor's node actor."""
+every task's changes enter the tree at its own executor's node actor. A restart whose state is
+gone fails until told to start over."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -140,6 +142,42 @@ def test_driver_restart_between_checkpoint_and_spark_commit(spark, tree_factory,
     assert op2.state() == expected(spark, src)
     assert sorted(committed) == [0, 1, 2, 3, 4]
     op2.close()
+
+
+def test_a_restart_whose_state_is_gone_fails_until_told_to_start_over(spark, tree_factory,
+                                                                      namespace, tmp_path):
+    """Regression (issue 28 item 7): restarted with its old checkpointLocation (commits 0-3)
+    and the job's changelog state gone, the query ran batch 4 on empty state, silently."""
+    tree_factory(persist_delay_s=0.02)
+    src, chk = tmp_path / "in", tmp_path / "chk"
+    write_events(src, 4, 100, seed=5)
+
+    def operator(**kw):
+        return KeyedStatefulOperator("gone", key="user", update=count_and_sum,
+                                     namespace=namespace, parallelism=2, max_parallelism=32,
+                                     **kw)
+
+    op1 = operator()
+    run_stream(spark, op1, src, chk)
+    assert [s.batch_id for s in op1.history] == [0, 1, 2, 3]
+    op1.close()
+    # the job's state is gone, as under a new, empty base path
+    shutil.rmtree(op1.base_path.removeprefix("file://") + "/gone")
+    write_events(src, 1, 100, seed=6, start=4)
+    op2 = operator()
+    with pytest.raises(Exception) as ei:
+        run_stream(spark, op2, src, chk)
+    msg = str(ei.value)
+    assert "MissingStateError" in msg and "job 'gone': micro-batch 4 " in msg, msg[-3000:]
+    assert "no complete checkpoint" in msg and op2.base_path in msg
+    assert len(op2.history) == 0 and op2.coordinator.latest_checkpoint() is None
+    op2.close()
+    op3 = operator(on_missing_state="start_empty")  # starting over, by choice
+    run_stream(spark, op3, src, chk)
+    assert [s.batch_id for s in op3.history] == [4]
+    write_events(tmp_path / "batch4", 1, 100, seed=6, start=4)  # batch 4's rows alone
+    assert op3.state() == expected(spark, tmp_path / "batch4")
+    op3.close()
 
 
 @pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])

@@ -16,9 +16,10 @@ import pytest
 
 import dstl_ray as d
 from dstl_ray.checkpoint.recovery import assign_sources
-from dstl_ray.errors import ConfigError, DstlError
+from dstl_ray.errors import ConfigError, DstlError, MissingStateError
 from dstl_ray.storage.registry import get_storage
 from spark_glue.operator import KeyedStatefulOperator, is_replay
+from spark_glue.replay import missing_state
 from spark_glue.stats import BatchHistory, BatchStats
 
 JOB = "op-batches"
@@ -49,6 +50,28 @@ def test_a_batch_older_than_the_latest_checkpoint_is_a_config_error():
     assert "Nothing was deleted" in msg
 
 
+def test_a_batch_whose_state_is_gone_is_a_missing_state_error():
+    base = "file:///dfs"
+    for batch_id, latest in ((0, None), (1, 0), (4, 3), (4, 4), (2, 7)):
+        assert missing_state(JOB, batch_id, latest, base) is None  # start, next, replay, older
+    for batch_id, latest, found in ((1, None, "no complete checkpoint"),
+                                    (4, None, "no complete checkpoint"),
+                                    (4, 2, "only checkpoint 2 as the latest")):
+        e = missing_state(JOB, batch_id, latest, base)
+        assert isinstance(e, MissingStateError) and isinstance(e, DstlError)
+        msg = str(e)
+        assert f"job {JOB!r}: micro-batch {batch_id} " in msg and found in msg, msg
+        assert f"base path {base!r}" in msg and "on_missing_state='start_empty'" in msg
+        assert (e.job_id, e.batch_id, e.latest_id, e.base_path) == (JOB, batch_id, latest,
+                                                                     base)
+
+
+@pytest.mark.parametrize("bad", ["start-empty", "", None, 1])
+def test_a_bad_on_missing_state_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="on_missing_state must be one of fail, start_empty"):
+        KeyedStatefulOperator(JOB, key="k", update=lambda *a: None, on_missing_state=bad)
+
+
 # ------------------------------------------------------------------ through process_batch
 
 
@@ -71,6 +94,7 @@ class Driver:
         op.on_timer, op.event_time, op.allowed_delay_ms = None, None, 0
         op._attempts, op._replay_time = (), {}
         op._ttl_names_checked = False
+        op.on_missing_state = "fail"
         op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
                                                  retained=3)
         op.epoch = uuid.uuid4().hex
@@ -133,6 +157,48 @@ def test_an_older_batch_id_deletes_no_checkpoint(tmp_path):
     assert raised is not None and re.search(r"micro-batch 0 .* checkpoint 4", str(raised))
     assert drv.runs == [0, 1, 2, 3, 4] and drv.op.epoch == epoch  # nothing run
     assert len(drv.op.history) == 5
+    drv.close()
+
+
+def test_a_restart_on_an_empty_base_path_fails_until_told_to_start_over(tmp_path):
+    """Regression (issue 28 item 7): Spark's checkpointLocation ran batches 0-3, the job's
+    base path is new and empty; batch 4 ran on empty state with no error."""
+    old = Driver(tmp_path / "old")
+    for b in range(4):
+        old.op.process_batch(None, b)
+    old.close()
+    drv = Driver(tmp_path / "new")
+    with pytest.raises(MissingStateError) as ei:
+        drv.op.process_batch(None, 4)
+    msg = str(ei.value)
+    assert f"job {JOB!r}: micro-batch 4 " in msg and "no complete checkpoint" in msg
+    assert drv.base in msg
+    assert drv.runs == [] and len(drv.op.history) == 0  # no task ran
+    assert not any("/chk-" in f for f in drv.files())
+    drv.op.on_missing_state = "start_empty"  # the explicit choice
+    st = drv.op.process_batch(None, 4)
+    assert drv.runs == [4] and drv.specs[0].restore_id == -1 and not st.replayed
+    assert drv.op.state() == {"v": {"k": 4}}
+    drv.op.process_batch(None, 5)  # and on from there
+    assert [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()] == [4, 5]
+    drv.close()
+
+
+def test_a_checkpoint_older_than_the_previous_batch_is_missing_state(tmp_path):
+    """The base path holds checkpoints 0-1 (restored from an old copy, say) while Spark's
+    checkpointLocation ran batches up to 3: batch 4 fails. The next batch (2), its replay
+    and batch 3 run."""
+    drv = Driver(tmp_path)
+    for b in range(2):
+        drv.op.process_batch(None, b)
+    with pytest.raises(MissingStateError, match="micro-batch 4 .*only checkpoint 1 as the "
+                                                 "latest complete one"):
+        drv.op.process_batch(None, 4)
+    assert drv.runs == [0, 1]
+    drv.op.process_batch(None, 2)
+    drv.op.process_batch(None, 2)  # a replay
+    drv.op.process_batch(None, 3)
+    assert drv.runs == [0, 1, 2, 2, 3]
     drv.close()
 
 
