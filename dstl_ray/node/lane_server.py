@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import DstlError
+from ..process_identity import ProcessId
 from ..transport.lane import _LEN, HELLO, TOKEN_BYTES, frame, frame_length, hello_bytes, machine_id
 from ..transport.lane_codec import METHODS, decode_call, encode_answer
 
@@ -37,50 +38,25 @@ Release = Callable[[list[Any], list[Any]], Awaitable[None]]
 
 
 DIR_PREFIX = "dstl-lane-"
-OWNER_FILE = "owner.json"  # who made a lane directory: process table, pid, start time
-
-
-def _process_table() -> str:
-    """Where a pid names one process: this machine (host, boot) and its pid namespace (two
-    containers sharing a temp directory share a host name, not their pids)."""
-    try:
-        ns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        ns = "?"
-    return f"{machine_id()}/{ns}"
-
-
-def _started(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat field 22): a pid
-    reused by a later process has another. None: no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: fields 3.. follow the last
-    return stat[stat.rindex(")") + 2:].split()[19]
+OWNER_FILE = "owner.json"  # who made a lane directory: machine, pid, start time
 
 
 def owner_record() -> dict[str, Any]:
-    """This process, as a lane directory records its maker."""
-    return {"table": _process_table(), "pid": os.getpid(), "start": _started(os.getpid())}
+    """This process, as a lane directory records its maker (:mod:`dstl_ray.process_identity`)."""
+    return ProcessId.current().to_dict()
 
 
-def _owner_gone(path: str, table: str) -> bool:
-    """Whether the process that made lane directory ``path`` is gone for sure: it recorded
-    this process table (a pid of another namespace or machine says nothing here) and no
-    process with its pid and start time exists. A directory without a record (being made
-    this instant, or by an older version) is never judged."""
+def _owner_gone(path: str) -> bool:
+    """Whether the process that made lane directory ``path`` is gone for sure
+    (:meth:`~dstl_ray.process_identity.ProcessId.dead`: of this machine and pid namespace,
+    and no process with its pid and start time exists). A directory without a readable
+    record (being made this instant, or by an older version) is never judged."""
     try:
         with open(os.path.join(path, OWNER_FILE)) as f:
-            owner = json.load(f)
-        pid, start = int(owner["pid"]), owner["start"]
-        if owner["table"] != table:
-            return False
-        return _started(pid) != start
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return False  # unreadable (hidden /proc, not ours, half written): keep it
+            owner = ProcessId.from_dict(json.load(f))
+    except (OSError, ValueError):
+        return False  # unreadable (not ours, half written): keep it
+    return owner is not None and owner.dead()
 
 
 def remove_dead_lanes(root: str | None = None) -> int:
@@ -89,7 +65,6 @@ def remove_dead_lanes(root: str | None = None) -> int:
     own process table and by pid AND start time, so another PID namespace sharing the
     directory never loses a live lane, and a reused pid does not keep a dead one."""
     root = root or tempfile.gettempdir()
-    table = _process_table()
     removed = 0
     try:
         names = os.listdir(root)
@@ -104,7 +79,7 @@ def remove_dead_lanes(root: str | None = None) -> int:
                 continue
         except OSError:
             continue
-        if _owner_gone(path, table):
+        if _owner_gone(path):
             shutil.rmtree(path, ignore_errors=True)
             removed += 1
     return removed

@@ -31,7 +31,7 @@ def _gone_pid() -> int:
 def test_dead_owner_removed_live_one_kept(tmp_path):
     me = owner_record()
     gone = _gone_pid()
-    dead = _lane_dir(tmp_path, f"{gone}-a", dict(me, pid=gone, start="1"))
+    dead = _lane_dir(tmp_path, f"{gone}-a", dict(me, pid=gone, start=1))
     alive = _lane_dir(tmp_path, f"{os.getpid()}-b", me)
     assert remove_dead_lanes(str(tmp_path)) == 1
     assert not dead.exists() and alive.exists()
@@ -40,7 +40,7 @@ def test_dead_owner_removed_live_one_kept(tmp_path):
 def test_a_reused_pid_does_not_keep_a_dead_lane(tmp_path):
     """Before the fix a live process with the dead actor's pid kept its directory forever."""
     me = owner_record()
-    reused = _lane_dir(tmp_path, f"{os.getpid()}-r", dict(me, start=str(int(me["start"]) - 7)))
+    reused = _lane_dir(tmp_path, f"{os.getpid()}-r", dict(me, start=me["start"] - 7))
     assert remove_dead_lanes(str(tmp_path)) == 1 and not reused.exists()
 
 
@@ -48,7 +48,7 @@ def test_another_pid_namespace_is_never_judged_here(tmp_path):
     """Before the fix a directory named with a pid that is free HERE was deleted, though its
     owner lives in another PID namespace sharing the directory (its socket unlinked)."""
     gone = _gone_pid()
-    other = dict(owner_record(), table=owner_record()["table"] + "-other-ns", pid=gone)
+    other = dict(owner_record(), machine=owner_record()["machine"] + "-other-ns", pid=gone)
     theirs = _lane_dir(tmp_path, f"{gone}-ns", other)
     unrecorded = _lane_dir(tmp_path, f"{gone}-old", None)  # being made, or an older version's
     assert remove_dead_lanes(str(tmp_path)) == 0
