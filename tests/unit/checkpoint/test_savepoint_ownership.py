@@ -168,3 +168,23 @@ def test_no_later_life_writes_into_or_deletes_a_savepoint(tmp_path):
     sps.check(base, scratch)
     # every savepoint's directory holds its files and nothing else
     assert _savepoint_files(base) == {u for _, _, dg in sps.taken for u in dg}
+
+
+def test_a_savepoint_never_takes_a_directory_in_use(tmp_path, monkeypatch):
+    """A name whose directory holds anything, or whose marker exists already, is skipped:
+    no two savepoints ever share a directory, however the random names fall."""
+    import uuid
+
+    from dstl_ray.checkpoint import savepoint
+
+    job_path = f"file://{tmp_path}/dfs/{JOB}"
+    st = get_storage(job_path)
+    names = iter(["a" * 32, "b" * 32, "c" * 32])
+    monkeypatch.setattr(savepoint.uuid, "uuid4", lambda: uuid.UUID(next(names)))
+    st.write_file(f"{job_path}/savepoint-{'a' * 16}/part.dstm", b"someone's")
+    assert st.create_file(f"{job_path}/savepoint-{'b' * 16}/_savepoint", b"{}")
+    target = savepoint.new_savepoint_dir(job_path, JOB, 4, st)
+    assert target == f"{job_path}/savepoint-{'c' * 16}"
+    assert st.list_files(target) == [f"{target}/_savepoint"]
+    assert st.read_file(f"{job_path}/savepoint-{'a' * 16}/part.dstm") == b"someone's"
+    assert st.read_file(f"{job_path}/savepoint-{'b' * 16}/_savepoint") == b"{}"
