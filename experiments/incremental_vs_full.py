@@ -88,7 +88,7 @@ def main() -> None:
             full.append({"uploaded_bytes": sum(s for f, s in after.items() if f not in before),
                          "changed_bytes": changed_bytes, "duration_s": dur})
             if full and len(full) < n_cp:  # keep only the last full snapshot on disk
-                shutil.rmtree(os.path.join(job_root, f"savepoint-{sp.checkpoint_id}"))
+                shutil.rmtree(split_metadata_url(sp.metadata_url)[1].removeprefix("file://"))
         latest = coord.latest_checkpoint()
         want = b.dump()
         coord.shutdown()

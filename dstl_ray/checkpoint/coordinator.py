@@ -310,13 +310,15 @@ class CheckpointCoordinator:
     # ------------------------------------------------------------------ savepoints
 
     def trigger_savepoint(self) -> concurrent.futures.Future[CompletedCheckpoint]:
-        """A full, self-contained snapshot (FLINK-5053) in ``{job}/savepoint-{n}/``: no shared
-        files, restorable at any parallelism, never deleted by the coordinator."""
+        """A full, self-contained snapshot (FLINK-5053) in a new directory
+        ``{job}/savepoint-{random}/`` (:func:`start_savepoint`; its id is the checkpoint
+        counter's, its directory never is): no shared files, restorable at any parallelism,
+        never written into or deleted by this or any later run of the job."""
         with self._lock:
             n = self._new_id()
             backends = list(self.backends)
-        return start_savepoint(self.job_id, n, join(self.job_path, f"savepoint-{n}"),
-                               backends, self.max_parallelism, self.storage)
+        return start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
+                               self.storage)
 
     # ------------------------------------------------------------------ recovery
 

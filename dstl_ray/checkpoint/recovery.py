@@ -23,7 +23,10 @@ from .snapshot import METADATA_FILE, CheckpointMetadata, split_metadata_url
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"/chk-(\d+)/" + METADATA_FILE + "$")
-_SAVEPOINT_DIR = re.compile(r"/(savepoint-\d+)/")
+SAVEPOINT_PREFIX = "savepoint-"  # a savepoint's directory, directly under its job's
+# (``savepoint-{random}`` since savepoints stopped taking their name from the checkpoint
+# counter, ``savepoint-{n}`` before: both are recognized)
+_SAVEPOINT_DIR = re.compile("^/(" + SAVEPOINT_PREFIX + "[^/]+)/")
 
 
 @dataclass(frozen=True)

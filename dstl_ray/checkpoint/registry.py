@@ -1,8 +1,12 @@
 """The shared state registry (Flink's SharedStateRegistry; FLIP-158 "Cleanup").
 
-Reference counts are keyed by file name only (FLIP-158 "StateChangelog", point 4): several
-handles, of several backends and checkpoints, may refer to one changelog file. A file is
-deleted only when
+Several handles, of several backends and checkpoints, may refer to one changelog file
+(FLIP-158 "StateChangelog", point 4). Reference counts are keyed by the file's full,
+normalized URL, not by its name as in FLIP-158: names are unique within one job directory,
+but a restore may name a copy of the job's directory (a backup), whose files have the job's
+own names at other paths. Keyed by name, protecting the copy (NO_CLAIM) kept the job's own
+files forever, and the job's files and the copy's shared one count and one URL (the other
+never deleted). A file is deleted only when
 
 * no retained or pending checkpoint references it (per checkpoint, a file counts once),
 * no live backend pins it: changelog segments its writer may still put into the next handle
@@ -28,9 +32,9 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 
 from ..errors import DstlError
+from ..storage.base import normalize_url
 from ..storage.deleter import Deleter, background_deleter
 from ..storage.registry import get_storage
-from .snapshot import file_name
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +43,17 @@ def _delete_url(url: str) -> None:
     get_storage(url).delete(url)
 
 
+def file_key(url: str) -> str:
+    """The registry's key of the file at ``url``: its normalized URL (one file, one key,
+    however its URL was spelled; two files of one name at two paths, two keys)."""
+    return normalize_url(url)
+
+
 class SharedStateRegistry:
-    """Reference counts of shared state files, by file name."""
+    """Reference counts of shared state files, by normalized URL (:func:`file_key`).
+
+    The methods take files as mappings name -> URL (a checkpoint's ``files``); only the URLs
+    count, the names are the callers' labels."""
 
     def __init__(self, delete: Callable[[str], None] = _delete_url,
                  list_files: Callable[[str], list[str]] | None = None,
@@ -59,7 +72,8 @@ class SharedStateRegistry:
         self._pins: dict[str, set[str]] = {}
         self._pending: set[int] = set()
         self._last_started = 0
-        self._candidates: dict[str, int] = {}  # name -> last started checkpoint when it hit 0
+        # keys (file_key) below; _urls maps a key to the URL to delete
+        self._candidates: dict[str, int] = {}  # key -> last started checkpoint when it hit 0
         self._protected: set[str] = set()
         self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
         # the most recent deletions (bounded: a long run deletes without end)
@@ -79,7 +93,8 @@ class SharedStateRegistry:
         """Add ``files`` (name -> URL) to the references of ``checkpoint_id``."""
         with self._lock:
             names = self._by_checkpoint.setdefault(checkpoint_id, set())
-            for name, url in files.items():
+            for url in files.values():
+                name = file_key(url)
                 self._urls.setdefault(name, url)
                 if name not in names:
                     names.add(name)
@@ -109,8 +124,9 @@ class SharedStateRegistry:
         """Replace the files ``owner`` (a live backend) may still reference."""
         with self._lock:
             old = self._pins.get(owner, set())
-            new = set(files)
-            for name, url in files.items():
+            new = {file_key(url) for url in files.values()}
+            for url in files.values():
+                name = file_key(url)
                 self._urls.setdefault(name, url)
                 self._candidates.pop(name, None)
             if new:
@@ -124,10 +140,13 @@ class SharedStateRegistry:
     def unpin_all(self, owner: str) -> None:
         self.set_pins(owner, {})
 
-    def protect(self, names: Iterable[str]) -> None:
-        """Never delete ``names`` (files this job does not own, e.g. NO_CLAIM restore)."""
+    def protect(self, urls: Mapping[str, str] | Iterable[str]) -> None:
+        """Never delete the files at ``urls`` (a mapping name -> URL, or URLs): files this
+        job does not own, e.g. of a NO_CLAIM restore. Files of the same names elsewhere (the
+        job's own, when it restores from a copy of its directory) are not protected."""
+        found = urls.values() if isinstance(urls, Mapping) else urls
         with self._lock:
-            self._protected.update(names)
+            self._protected.update(file_key(u) for u in found)
             for n in self._protected:
                 self._candidates.pop(n, None)
 
@@ -152,7 +171,7 @@ class SharedStateRegistry:
                   for u in self._listing(p)]
         with self._lock:
             for url in listed:  # files the registry forgot, of a directory nobody claims
-                self._urls.setdefault(file_name(url), url)
+                self._urls.setdefault(file_key(url), url)
             for name in list(self._urls):
                 if name in self._candidates:
                     if self._claimed(name):
@@ -197,12 +216,13 @@ class SharedStateRegistry:
                     "protected": len(self._protected), "claims": len(self._claims),
                     "deleted": len(self.deleted)}
 
-    def reference_count(self, name: str) -> int:
+    def reference_count(self, url: str) -> int:
         with self._lock:
-            return self._refs.get(name, 0)
+            return self._refs.get(file_key(url), 0)
 
     def referenced(self) -> dict[str, str]:
-        """Name -> URL of every file a checkpoint references or a backend pins."""
+        """Key (:func:`file_key`) -> URL of every file a checkpoint references or a backend
+        pins."""
         with self._lock:
             names = set(self._refs).union(*self._pins.values()) if self._pins else set(
                 self._refs)

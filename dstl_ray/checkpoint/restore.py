@@ -8,6 +8,13 @@ explicitly may be another job's or a savepoint: in CLAIM mode the job takes it o
 retained, and deleted once subsumed); in NO_CLAIM mode, and always for a savepoint, its files
 stay foreign: protected, and materialized away before the first checkpoint.
 
+A savepoint's files are the user's whatever the mode: any file a restored or kept
+checkpoint names inside a savepoint's directory is protected too, so no registry
+registration (CLAIM included) ever takes one over. A foreign checkpoint whose id is that of
+one of the job's own retained checkpoints (a copy of the job's own directory) cannot be
+claimed: two retained checkpoints of one id would share their references in the registry,
+and subsuming one would drop the other's. It can be restored in NO_CLAIM mode.
+
 The coordinator applies the plan: it keeps its retained list, and hands the files to
 :func:`settle_files` (references, protection, orphan cleanup) and the backends to its own
 bookkeeping.
@@ -24,8 +31,15 @@ from ..errors import RestoreError
 from ..state.backend import ChangelogKeyedStateBackend
 from ..storage.base import Storage
 from .lease import JobLease
-from .recovery import CompletedCheckpoint, cleanup_orphans, list_checkpoints, load_checkpoint
+from .recovery import (
+    SAVEPOINT_PREFIX,
+    CompletedCheckpoint,
+    cleanup_orphans,
+    list_checkpoints,
+    load_checkpoint,
+)
 from .registry import SharedStateRegistry
+from .snapshot import split_metadata_url
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +107,14 @@ def plan_restore(retained: list[CompletedCheckpoint], broken: list[tuple[str, Re
             [c for c in reversed(retained) if c.checkpoint_id < ext.checkpoint_id]
             if own else [])
         external = None if own else ext
+        if not own and mode is RestoreMode.CLAIM and not ext.is_savepoint:
+            same = [c.metadata_url for c in retained if c.checkpoint_id == ext.checkpoint_id]
+            if same:
+                raise RestoreError(
+                    f"cannot claim checkpoint {ext.metadata_url}: the job's own retained "
+                    f"checkpoint {same[0]} has the same id {ext.checkpoint_id} (a copy of "
+                    f"the job's directory?); restore it in NO_CLAIM mode, or restore the "
+                    f"job's own checkpoint", checkpoint=ext.metadata_url)
     else:
         own, external = True, None
         newest_ok = max((c.checkpoint_id for c in retained), default=-1)
@@ -141,10 +163,24 @@ def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLea
     orphan (FLIP-158 "Cleanup after recovery"), by the lease's holder only."""
     if plan.foreign and plan.chosen is not None:
         registry.protect(plan.chosen.files)
+    named = plan.keep + ([plan.chosen] if plan.chosen is not None else [])
+    registry.protect(u for c in named for u in savepoint_files(c))
     if before is not None:
         keep_urls = plan.live_urls() | {lease.url}
         lease.check(force=True)  # read it again: only the holder deletes orphans
         cleanup_orphans(job_path, keep_urls, storage, candidates=before)
+
+
+def savepoint_files(cc: CompletedCheckpoint) -> list[str]:
+    """The URLs of the files ``cc`` names that lie in a savepoint's directory
+    (``{base}/{job}/savepoint-*/``): the user's, never the job's to delete."""
+    base = split_metadata_url(cc.metadata_url)[0].rstrip("/") + "/"
+    out = []
+    for url in cc.files.values():
+        parts = url[len(base):].split("/") if url.startswith(base) else []
+        if len(parts) >= 3 and parts[1].startswith(SAVEPOINT_PREFIX):
+            out.append(url)
+    return out
 
 
 def materialize_now(backends: list[ChangelogKeyedStateBackend]) -> None:

@@ -46,8 +46,8 @@ class StateInfo:
 
 def resolve_checkpoint(source: str) -> str:
     """The ``_metadata`` URL that ``source`` names: a ``_metadata`` URL, a checkpoint or
-    savepoint directory (``.../chk-7``, ``.../savepoint-2``), or a job directory (its latest
-    complete checkpoint)."""
+    savepoint directory (``.../chk-7``, ``.../savepoint-3f9c...``), or a job directory
+    (its latest complete checkpoint)."""
     url = normalize_url(source).rstrip("/")
     if url.endswith("/" + METADATA_FILE):
         return url
@@ -57,7 +57,7 @@ def resolve_checkpoint(source: str) -> str:
     found = list_checkpoints(url)
     if not found:
         raise RestoreError(f"no complete checkpoint under {source} (give a job directory, a "
-                           f"chk-n or savepoint-n directory, or a _metadata URL)",
+                           f"chk-n or savepoint-... directory, or a _metadata URL)",
                            checkpoint=source)
     return found[-1][1]
 

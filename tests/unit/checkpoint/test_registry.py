@@ -1,5 +1,7 @@
 """SharedStateRegistry properties (hypothesis): a file is deleted exactly when no retained or
-pending checkpoint and no backend pin references it; never a protected file."""
+pending checkpoint and no backend pin references it; never a protected file. Files are
+told apart by their full URL: one of the same name at another path (a copy of the job's
+directory) is another file."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ ops = st.lists(st.one_of(
 def test_registry_deletes_only_unreferenced(script, protected):
     deleted: list[str] = []
     reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
-    reg.protect(protected)
+    reg.protect({f"memory://x/{n}" for n in protected})
     started: list[int] = []
     refs: dict[int, set[str]] = {}
     pending: set[int] = set()
@@ -66,3 +68,32 @@ def test_registry_deletes_only_unreferenced(script, protected):
         assert len(deleted) == len(gone), "deleted twice"
         if not pending:  # with nothing pending, every unreferenced file is gone
             assert gone == known - live - protected
+
+
+def test_files_of_one_name_at_two_paths_are_two_files():
+    """A backup copy of the job's directory holds files of the job's own names: protecting
+    the copy's (a NO_CLAIM restore from it) must not keep the job's own forever, and each
+    path is counted and deleted on its own (keyed by name, the second URL was never
+    deleted and one checkpoint's release dropped the other's count)."""
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
+    own, copy = "file:///dfs/job/mat/a.dstm", "file:///backup/job/mat/a.dstm"
+    reg.protect({"a.dstm": copy})
+    reg.checkpoint_started(1)
+    reg.register(1, {"a.dstm": own})
+    reg.checkpoint_started(2)
+    reg.register(2, {"a.dstm": copy})
+    reg.checkpoint_finished(1)
+    reg.checkpoint_finished(2)
+    assert reg.reference_count(own) == reg.reference_count(copy) == 1
+    reg.release(1)
+    assert deleted == [own]  # the job's own file goes; the protected copy has the same name
+    reg.release(2)
+    assert deleted == [own]  # never the protected copy
+    reg.checkpoint_started(3)
+    reg.register(3, {"b.dstl": "file:///dfs/job/dstl/b.dstl"})
+    reg.register(3, {"b.dstl": "file:///dfs//job/./dstl/b.dstl"})  # one file, two spellings
+    assert reg.reference_count("file:///dfs/job/dstl/b.dstl") == 1
+    reg.checkpoint_finished(3)
+    reg.release(3)
+    assert deleted == [own, "file:///dfs/job/dstl/b.dstl"]
