@@ -254,7 +254,8 @@ def unreferenced(base: str, jobs: list[str]) -> list[str]:
         named, files = named_files(base, job)
         prefix = f"{base.rstrip('/')}/{job}/"
         out += [f for f in files if f not in named
-                and not f[len(prefix):].startswith("_")]  # the lease and its kin
+                and not f[len(prefix):].startswith("_")  # the lease and its kin
+                and not f.endswith("/_savepoint")]  # a savepoint directory's marker
     return out
 
 
