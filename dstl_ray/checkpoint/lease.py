@@ -29,7 +29,7 @@ above the job's counters in storage (the lease record and ``{base}/_epochs/{job}
 never the wall clock). Node actors keep a job's state (batching knowledge, merged changelog
 files, the subsumed watermark) per incarnation and start clean when a newer one appears, so a
 job id reused after DELETE_ON_CANCELLATION never has its new files freed with the old run's
-knowledge (docs/architecture.md "Jobs and incarnations").
+knowledge (docs/architecture.md "Many jobs, one tree").
 """
 
 from __future__ import annotations
