@@ -98,6 +98,7 @@ class JobLease:
         self.incarnation: Incarnation | None = None
         self.fenced: str | None = None  # why this holder lost the job (for good)
         self._active = False
+        self._taking = False
         self._valid_from = 0.0  # start of the last successful renewal (self.clock)
         self._renewals = 0
         self._lock = threading.RLock()  # one renewal at a time; release waits for it
@@ -133,6 +134,11 @@ class JobLease:
         """Held and within its validity: it may still write and delete."""
         return self._active and self._age() < VALID_FOR * self.ttl_s
 
+    def alive(self) -> bool:
+        """Taking the job now, or holding it validly: another lease of this process that
+        finds its record refuses at once."""
+        return self._taking or self.holds_validly()
+
     def acquire(self, renew: bool = True) -> Incarnation:
         """Take the job for a new incarnation, or raise :class:`JobLeaseError` (watching a
         live-looking lease may take up to its TTL)."""
@@ -146,10 +152,18 @@ class JobLease:
             self.incarnation = Incarnation(self._next_epoch(old), self.holder)
             self._renewals = 0
             start = self.clock()
-            self._take(old)
+            self._taking = True  # another lease of this process finds it alive meanwhile
+            LOCAL_HOLDERS[self.holder] = self
+            try:
+                self._take(old)
+            except BaseException:
+                LOCAL_HOLDERS.pop(self.holder, None)
+                self.incarnation = None  # not this driver's: a retry starts a new one
+                raise
+            finally:
+                self._taking = False
             self._active = True
             self._valid_from = start
-            LOCAL_HOLDERS[self.holder] = self
         if renew:  # its own stop event: a renewer of an earlier acquisition may linger
             self._stop = threading.Event()
             self._renewer = threading.Thread(target=self._renew_loop, args=(self._stop,),

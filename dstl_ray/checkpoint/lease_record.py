@@ -62,8 +62,9 @@ class Incarnation:
 
 
 class LocalHolder(Protocol):
-    def holds_validly(self) -> bool:
-        """Holds the job and is within its own validity (it may still write and delete)."""
+    def alive(self) -> bool:
+        """Taking the job now, or holding it within its own validity (it may still write
+        and delete)."""
 
 
 # holders of this process by holder id: a record naming one that no longer holds validly
@@ -139,12 +140,12 @@ def _local(rec: dict) -> bool:
 
 
 def known_alive(rec: dict) -> bool:
-    """The record's holder is a lease object of this process that holds validly: refuse at
-    once (nothing to watch)."""
+    """The record's holder is a lease object of this process that is taking the job or
+    holds it validly: refuse at once (nothing to watch)."""
     if rec.get("released") or not _local(rec):
         return False
     other = LOCAL_HOLDERS.get(str(rec.get("holder")))
-    return other is not None and other.holds_validly()
+    return other is not None and other.alive()
 
 
 def known_dead(rec: dict) -> bool:

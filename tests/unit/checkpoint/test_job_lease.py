@@ -176,3 +176,21 @@ def test_a_failed_restore_keeps_a_lease_it_already_held(tmp_path):
     with pytest.raises(JobLeaseError):
         _coord(base).restore(client("job", base), "op", 1)
     coord.shutdown()
+
+
+def test_a_driver_taking_the_job_is_alive_to_the_others_of_its_process(tmp_path):
+    url = f"file://{tmp_path}/dfs/job"
+    crashed = JobLease(url)
+    crashed.acquire(renew=False)
+    crashed.abandon()  # its record stays: the next driver writes over it
+    b = JobLease(url)
+
+    def settle(s: float) -> None:  # a wrote its record and waits to read it back
+        with pytest.raises(JobLeaseError, match="in this process"):
+            b.acquire(renew=False)
+        time.sleep(s)
+
+    a = JobLease(url, sleep=settle)
+    a.acquire(renew=False)
+    assert a.held and not b.held
+    a.release()
