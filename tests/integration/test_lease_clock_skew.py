@@ -40,16 +40,20 @@ DRIVER = Path(__file__).with_name("lease_driver.py")
 TTL_S = 3.0
 OFFSETS = {"+60s": 60, "-60s": -60, "+10m": 600, "-10m": -600}
 RACERS = ["+60s", "-60s", "+10m"]  # race the first driver while it renews
+TAKER = "+10m"  # takes over once the first stops renewing
+LATE = "-10m"  # races the taker
 
 
 class DriverProcess:
-    """``lease_driver.py`` in its own process, its wall clock ``offset`` off (None: real)."""
+    """``lease_driver.py`` in its own process, its wall clock ``offset`` off (None: real).
+    Started at once; :meth:`ready` waits for its greeting."""
 
     def __init__(self, base: str, job: str, tmp_path: Path, offset: str | None = None):
         cmd = [sys.executable, str(DRIVER), base, job, str(TTL_S)]
         if offset is not None:
             cmd = [str(FAKETIME), "--exclude-monotonic", "-f", offset, *cmd]
         self.name = offset or "real"
+        self.offset = offset
         self.stderr = tmp_path / f"driver-{self.name}-{time.monotonic_ns()}.log"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.stderr, "w") as err:
@@ -57,11 +61,14 @@ class DriverProcess:
                                          stderr=err, text=True, env=env, cwd=ROOT)
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
-        self.hello = self.answer()
+
+    def ready(self) -> DriverProcess:
+        hello = self.answer()
         # the process runs on a skewed clock (the python under faketime, not only faketime)
-        skew = self.hello["wall_clock"] - time.time()
-        want = OFFSETS.get(offset, 0) if offset is not None else 0
+        skew = hello["wall_clock"] - time.time()
+        want = OFFSETS[self.offset] if self.offset is not None else 0
         assert abs(skew - want) < 5, (self.name, skew)
+        return self
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -91,7 +98,7 @@ class DriverProcess:
         self.proc.wait(10)
 
 
-def _until(pred, timeout: float = 10.0) -> None:
+def _until(pred, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < end, "timed out"
@@ -100,32 +107,33 @@ def _until(pred, timeout: float = 10.0) -> None:
 
 def test_skewed_drivers_never_take_a_live_job_and_a_silent_one_is_fenced(tmp_path):
     base, job = f"file://{tmp_path}/dfs", "skewed"
-    procs: list[DriverProcess] = []
-
-    def spawn(offset: str | None) -> DriverProcess:
-        procs.append(DriverProcess(base, job, tmp_path, offset))
-        return procs[-1]
-
+    # every process starts at once (starting Python is the slow part), then they race
+    roles = {"first": None, **{f"racer {o}": o for o in RACERS}, "taker": TAKER,
+             "late": LATE}
+    procs = {r: DriverProcess(base, job, tmp_path, o) for r, o in roles.items()}
     try:
-        first = spawn(None)
+        for p in procs.values():
+            p.ready()
+        first = procs["first"]
         started = first.ask("start")
         assert started["ok"], started
         first.ask("run")
         # drivers whose wall clock is a minute or ten ahead or behind, all at once: each
         # is refused while the first renews, naming it
-        others = [spawn(o) for o in RACERS]
-        for o in others:
-            o.send("start")
-        for o in others:
-            got = o.answer()
-            assert not got["ok"] and started["holder"] in got["error"], (o.name, got)
-            assert o.ask("stop")["ok"]
+        racers = [procs[f"racer {o}"] for o in RACERS]
+        for p in racers:
+            p.send("start")
+        for p in racers:
+            got = p.answer()
+            assert not got["ok"] and started["holder"] in got["error"], (
+                p.name, got, first.ask("status"), first.stderr.read_text()[-2000:])
+            assert p.ask("stop")["ok"]
         st = first.ask("status")
         assert st["done"] > 0 and st["declined"] == 0 and not st["fenced"], st
-        # the first stops renewing but stays alive; a driver 10 minutes ahead takes over
-        # once it has watched the lease unchanged for a full TTL
+        # the first stops renewing but stays alive (SIGSTOP); a driver 10 minutes ahead
+        # takes over once it has watched the lease unchanged for a full TTL
         os.kill(first.proc.pid, signal.SIGSTOP)
-        taker = spawn("+10m")
+        taker = procs["taker"]
         took = taker.ask("start")
         assert took["ok"], took
         assert took["waited_s"] >= TTL_S, took
@@ -137,15 +145,14 @@ def test_skewed_drivers_never_take_a_live_job_and_a_silent_one_is_fenced(tmp_pat
         st = first.ask("status")
         assert st["fenced"], st
         # one behind by ten minutes races the new holder: refused as well
-        late = spawn("-10m")
-        got = late.ask("start")
+        got = procs["late"].ask("start")
         assert not got["ok"] and took["holder"] in got["error"], got
-        late.ask("stop")
+        procs["late"].ask("stop")
         _until(lambda: taker.ask("status")["done"] >= 8)
         assert first.ask("stop")["ok"]  # the fenced driver's shutdown deletes nothing either
         final = taker.ask("stop")["checkpointed"]
     finally:
-        for p in procs:
+        for p in procs.values():
             p.close()
     # every retained checkpoint names only files that exist, and the latest holds what the
     # taker checkpointed last
