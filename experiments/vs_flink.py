@@ -55,7 +55,8 @@ KEYS = 10_000
 def file_kind(path: str) -> str:
     """What a file the watcher saw under the dstl-ray side's base directory is, from its name:
     ``changelog`` (``*.dstl``, hedged attempts' ``*-aN.dstl`` included), ``materialization``
-    (``mat/*.dstm``), ``metadata`` (``chk-n/_metadata``), ``lease`` (``{job}/_lease``),
+    (``mat/*.dstm``), ``metadata`` (``chk-n/_metadata``), ``lease`` (``{job}/_lease``, and
+    the job's epoch counter ``_epochs/{job}.epoch`` written when the lease is taken),
     ``temp:<kind>`` (a ``NAME.tmp-<uuid>`` of a temp + fsync + rename write of such a
     file), or ``other``."""
     name = os.path.basename(path)
@@ -68,7 +69,7 @@ def file_kind(path: str) -> str:
         return "materialization"
     if name == "_metadata":
         return "metadata"
-    if name == "_lease":
+    if name == "_lease" or name.endswith(".epoch"):
         return "lease"
     return "other"
 

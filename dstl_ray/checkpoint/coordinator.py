@@ -35,6 +35,7 @@ from ..storage.base import join, normalize_url
 from ..storage.registry import get_storage
 from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, release_backend_dir
 from .lease import Incarnation, JobLease
+from .lease_record import EPOCHS_DIR
 from .pending import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     PendingCheckpoint,
@@ -107,8 +108,10 @@ class CheckpointCoordinator:
         self._finisher = concurrent.futures.ThreadPoolExecutor(
             max_concurrent + 2, thread_name_prefix="dstl-cc")
         self._commit_lock = threading.Lock()
-        # one live driver per job; taken when the job starts (restore, first checkpoint)
-        self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage)
+        # one live driver per job; taken when the job starts (restore, first checkpoint); its
+        # epochs count on in {base}/_epochs/, outside the job directory
+        self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
+                              epoch_url=join(self.base_path, EPOCHS_DIR, f"{job_id}.epoch"))
         self.declined = 0
 
     # ------------------------------------------------------------------ incarnation
@@ -358,6 +361,8 @@ class CheckpointCoordinator:
                                                         self.max_parallelism,
                                                         **backend_options))
         chosen = plan.chosen
+        if plan.drop:
+            self.lease.check()  # a fenced driver deletes nothing
         for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
             delete_metadata(c.metadata_url)
         register_kept(plan, self.registry)  # before anyone can see (and drop) them retained

@@ -21,7 +21,10 @@ never deleted). A file is deleted only when
 
 Thread-safe. Deletes run outside the lock, on a background :class:`~dstl_ray.storage.deleter.Deleter`:
 pins change under a backend's lock and on a client's delivery thread, which a slow object
-store delete must not hold up (a file decided dead stays dead, so deleting it later is safe).
+store delete must not hold up (a file decided dead stays dead, so deleting it later is safe
+as long as the driver that decided it still holds the job: each delete carries the registry's
+``guard``, checked again right before it runs, and a fenced driver's queued deletes are
+skipped, leaving the files to the next recovery's orphan cleanup).
 """
 
 from __future__ import annotations
@@ -260,8 +263,9 @@ class SharedStateRegistry:
                     continue
                 urls.append(self._urls.pop(n))
         deleter = self._deleter or background_deleter()
-        for url in urls:  # a failed or lost delete: orphan cleanup after recovery gets it
-            deleter.submit(lambda url=url: self._delete(url), f"unreferenced state file {url}")
+        for url in urls:  # a failed, lost or fenced delete: orphan cleanup after recovery
+            deleter.submit(lambda url=url: self._delete(url), f"unreferenced state file {url}",
+                           guard=self.guard)  # checked again right before it runs
         with self._lock:
             self.deleted.extend(urls)
             self.deleted_count += len(urls)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..checkpoint.lease import Incarnation
+from ..checkpoint.lease_record import Incarnation
 from ..errors import StaleIncarnationError
 from ..log.handle import check_relative_path
 from ..transport.base import PersistRequest
@@ -54,7 +54,10 @@ class Jobs:
         knowledge, merged changelog files, the subsumed watermark): the job was restarted
         under the same id, and nothing the old run taught us may touch the new run's files.
         The old run's merged files are left alone (the new run's registry counts references
-        to them like any shared file). Requests of an older incarnation are refused."""
+        to them like any shared file). Requests of an older incarnation are refused.
+        Incarnations are ordered by their epoch, a counter the job keeps in storage (never
+        a clock: dstl_ray.checkpoint.lease_record), so a restart from a host whose clock is
+        behind is newer here, also after DELETE_ON_CANCELLATION or a deleted job directory."""
         check_relative_path(job_id)
         self.dead.check(caller)
         self.namespaces.admit(job_id, caller)

@@ -9,6 +9,12 @@ that is lost (a failure, a full queue, the process exiting) leaves an orphan tha
 after recovery removes (FLIP-158 "Cleanup after recovery"). Only what is decided dead is ever
 handed over, so running a delete late never loses a file anybody still names.
 
+A delete may carry a ``guard``, the check of the fencing token it was decided under (a
+coordinator's job lease, :meth:`dstl_ray.checkpoint.lease.JobLease.check`): it runs right
+before the delete, which is skipped (counted as ``fenced``) when the guard raises. A driver
+fenced after deciding a delete therefore never runs it late, when another driver may hold the
+job and name the file again; the file is left to that driver's orphan cleanup.
+
 The queue is bounded (``max_pending``): when it is full, deletes are dropped (counted and
 logged), never waited for. :meth:`Deleter.flush` waits for everything handed over so far, for
 close paths that must leave nothing behind (a backend's ``close``, a coordinator's
@@ -38,6 +44,7 @@ class DeleterStats:
     deleted: int = 0  # deletes that ran without an error
     failed: int = 0  # deletes that raised (logged)
     dropped: int = 0  # deletes not queued: the queue was full
+    fenced: int = 0  # deletes skipped: their guard refused (the deciding driver is fenced)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -60,8 +67,8 @@ class Deleter:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._cond = threading.Condition()
-        self._queue: collections.deque[tuple[int, Callable[[], Any], str]] = (
-            collections.deque())
+        self._queue: collections.deque[
+            tuple[int, Callable[[], Any], str, Callable[[], Any] | None]] = collections.deque()
         self._unfinished: set[int] = set()  # tickets queued or running
         self._seq = 0
         self._threads: list[threading.Thread] = []
@@ -72,9 +79,11 @@ class Deleter:
         if self._pid != os.getpid():
             self._reset()
 
-    def submit(self, delete: Callable[[], Any], what: str) -> bool:
-        """Run ``delete()`` (which deletes ``what``, named in logs) in the background;
-        False if it was dropped because the queue is full."""
+    def submit(self, delete: Callable[[], Any], what: str,
+               guard: Callable[[], Any] | None = None) -> bool:
+        """Run ``delete()`` (which deletes ``what``, named in logs) in the background, after
+        ``guard()`` (if given) returned without raising; False if it was dropped because the
+        queue is full."""
         self._check_fork()
         with self._cond:
             self.stats.submitted += 1
@@ -90,7 +99,7 @@ class Deleter:
                 self._seq += 1
                 ticket = self._seq
                 self._unfinished.add(ticket)
-                self._queue.append((ticket, delete, what))
+                self._queue.append((ticket, delete, what, guard))
                 if len(self._threads) < self.workers:
                     t = threading.Thread(target=self._work, daemon=True,
                                          name=f"{self.name}-{len(self._threads)}")
@@ -103,7 +112,7 @@ class Deleter:
                         "far; orphan cleanup after recovery removes the file)", what,
                         self.max_pending, dropped)
             return False
-        self._run(ticket, delete, what)  # workers == 0: inline
+        self._run(ticket, delete, what, guard)  # workers == 0: inline
         return True
 
     def delete(self, storage: Any, url: str) -> bool:
@@ -115,23 +124,35 @@ class Deleter:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                ticket, fn, what = self._queue.popleft()
-            self._run(ticket, fn, what)
+                ticket, fn, what, guard = self._queue.popleft()
+            self._run(ticket, fn, what, guard)
 
-    def _run(self, ticket: int, fn: Callable[[], Any], what: str) -> None:
-        ok = True
+    def _run(self, ticket: int, fn: Callable[[], Any], what: str,
+             guard: Callable[[], Any] | None) -> None:
+        outcome = "deleted"
         try:
-            fn()
+            if guard is not None:
+                try:
+                    guard()
+                except Exception as e:  # noqa: BLE001 - any doubt: do not delete
+                    outcome = "fenced"
+                    self._log_fenced(what, e)
+            if outcome == "deleted":
+                fn()
         except Exception as e:  # noqa: BLE001 - best effort: orphan cleanup covers it
-            ok = False
+            outcome = "failed"
             log.warning("cannot delete %s: %s: %s", what, type(e).__name__, e)
         with self._cond:
-            if ok:
-                self.stats.deleted += 1
-            else:
-                self.stats.failed += 1
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self._unfinished.discard(ticket)
             self._cond.notify_all()
+
+    def _log_fenced(self, what: str, e: Exception) -> None:
+        """The first skipped delete is a warning, later ones (a fenced driver's whole queue)
+        are debug lines."""
+        level = logging.WARNING if self.stats.fenced == 0 else logging.DEBUG
+        log.log(level, "not deleting %s: the driver that decided it may no longer delete "
+                "(%s: %s); orphan cleanup after recovery removes it", what, type(e).__name__, e)
 
     @property
     def pending(self) -> int:

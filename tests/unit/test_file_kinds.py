@@ -19,6 +19,7 @@ def test_dstl_ray_file_kinds() -> None:
     assert file_kind(f"{job}/mat/5c.dstm.tmp-11") == "temp:materialization"
     assert file_kind(f"{job}/_lease") == "lease"
     assert file_kind(f"{job}/_lease.tmp-11") == "temp:lease"
+    assert file_kind("/w/dstl-1/_epochs/vsflink.epoch") == "lease"  # the lease's epoch counter
     assert file_kind(f"{job}/segments/x/y") == "other"
     assert files_by_kind({"a/_metadata", "b/_metadata", "c.dstl", "c.dstl.tmp-1"}, 2) == {
         "changelog": 0.5, "metadata": 1.0, "temp:changelog": 0.5}
