@@ -63,6 +63,12 @@ def differences(got: dict[int, int], want: dict[int, int]) -> int:
 
 def contend(job_path: str, ttl: float) -> None:
     """The second driver (run under faketime): try to take the job, print what happened."""
+    import threading
+
+    try:  # under faketime --exclude-monotonic (libfaketime 0.9.10) time.sleep fails with
+        time.sleep(0.001)  # EINVAL while timed lock waits work: sleep on a lock then
+    except OSError:
+        time.sleep = lambda s: threading.Event().wait(s) and None  # type: ignore[assignment]
     from dstl_ray.checkpoint.lease import JobLease
     from dstl_ray.errors import JobLeaseError
 
@@ -80,7 +86,9 @@ def start_contender(job_path: str, offset: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "experiments.lifecycle", "--contend", job_path,
            "--ttl", str(LEASE_TTL_S)]
     if shutil.which("faketime"):
-        cmd = ["faketime", "-f", offset, *cmd]
+        # only the wall clock is skewed: monotonic clocks are never compared across hosts
+        # (and libfaketime 0.9.10 hangs Python's timed waits when it fakes them)
+        cmd = ["faketime", "--exclude-monotonic", "-f", offset, *cmd]
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
