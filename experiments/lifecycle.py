@@ -216,6 +216,7 @@ class Lives:
         name = self.rng.choice(names)
         ray.kill(self.tree.node(name), no_restart=False)
         self.res["node_kills"] += 1
+        time.sleep(2.0)  # the kill lands asynchronously: a status right away may predate it
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # until the tree answers again
             if all("error" not in s for s in self.tree.status()):
@@ -252,7 +253,7 @@ def named_files(base: str, job: str) -> tuple[set[str], list[str]]:
     for url in files:
         if url.endswith("/_metadata"):
             cc = load_checkpoint(url)
-            named |= set(cc.files) | {url}
+            named |= set(cc.files.values()) | {url}
     return named, files
 
 
