@@ -86,6 +86,15 @@ class Peers:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch = LaneWatch(self._on_cut, actor_state, name="dstl-peer-lane-watch")
 
+    @property
+    def actor_state(self) -> ActorState:
+        """Ray's actor table, as the lanes' watch reads it (tests give their own)."""
+        return self._watch.actor_state
+
+    @actor_state.setter
+    def actor_state(self, lookup: ActorState) -> None:
+        self._watch.actor_state = lookup
+
     def actor(self, name: str) -> Any:
         h = self.handles.get(name)
         if h is None:
