@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..transport.lane import Lane, Sent, open_lane
-from ..transport.lane_watch import ActorState, LaneWatch, gone, ray_actor_state
+from ..transport.lane_watch import ActorState, LaneWatch, gone
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class Peers:
 
     def __init__(self, namespace: str, lanes: bool = True,
                  clock: Callable[[], float] = time.monotonic,
-                 actor_state: ActorState = ray_actor_state) -> None:
+                 actor_state: ActorState | None = None) -> None:
         self.namespace = namespace
         self.handles: dict[str, Any] = {}
         self.use_lanes = lanes

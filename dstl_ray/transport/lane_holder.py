@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .lane import Lane, LateHook, machine_id, open_lane
-from .lane_watch import ActorState, LaneWatch, ray_actor_state
+from .lane_watch import ActorState, LaneWatch
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class WriterLane:
     watch's thread) after a lane was cut, so the transport finds its node again."""
 
     def __init__(self, late: LateHook, cut: Callable[[], None],
-                 actor_state: ActorState = ray_actor_state) -> None:
+                 actor_state: ActorState | None = None) -> None:
         self._late = late
         self._on_cut = cut
         self._lane: Lane | None = None

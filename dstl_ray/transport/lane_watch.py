@@ -70,10 +70,10 @@ class LaneWatch:
     ``on_cut`` (on that thread) for each lane it cut. A lane leaves the watch once it has
     ended (:attr:`Lane.done`), so a closed lane still delivering answers stays watched."""
 
-    def __init__(self, on_cut: OnCut, actor_state: ActorState = ray_actor_state,
+    def __init__(self, on_cut: OnCut, actor_state: ActorState | None = None,
                  name: str = "dstl-lane-watch") -> None:
         self._on_cut = on_cut
-        self.actor_state = actor_state
+        self.actor_state = actor_state or ray_actor_state  # (tests give their own)
         self.name = name
         self._lock = threading.Lock()
         self._lanes: dict[Lane, tuple[Any, Any]] = {}  # lane -> (actor handle, tag)
