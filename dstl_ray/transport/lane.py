@@ -3,15 +3,12 @@ a Unix socket, not through Ray (docs/architecture.md "Write path" 2); node actor
 same way for a child's batches and marks to a parent on their machine ("Write path" 4,
 :meth:`Lane.submit`).
 
-Measured on the checkpoint path (issue "checkpoint latency"), a Ray actor call from a writer
-process to its node actor cost 3.3 ms to arrive and 2.2 ms to answer at the median while
-the checkpoint's processes all woke at once, against about 0.6 ms each way on an idle
-machine: Ray's per-call work (task submission, gRPC, scheduling on the actor) is what the
-burst queues behind. The lane carries the same two calls as length-prefixed frames (JSON and
-raw bytes, :mod:`.lane_codec`, never pickle) on a socket the node actor listens on, straight
-into the same coroutines, so a request's semantics (vetting, admission, batching, deadlines)
-are exactly those of the Ray call; only the carrier changes. Everything else
-(registration, releases, retains, status) stays on Ray.
+A Ray actor call from a writer to its node actor cost 3.3 ms to arrive and 2.2 ms to answer
+at the median while a checkpoint's processes all woke at once (Ray's per-call work is what the
+burst queues behind). The lane carries the same calls as length-prefixed frames (JSON and raw
+bytes, :mod:`.lane_codec`, never pickle) straight into the same coroutines, so a request's
+semantics (vetting, admission, batching, deadlines) are those of the Ray call; only the
+carrier changes. Everything else (registration, releases, retains, status) stays on Ray.
 
 Trust: the socket lives in a directory only the node actor's user can enter, and a
 connection must first present the node's token as raw bytes (compared in constant time),
