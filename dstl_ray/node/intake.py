@@ -183,9 +183,10 @@ class Intake:
         self.batching.mark(job_id, source, checkpoint_id)
         upstream = self.router.upstream()
         if upstream is not None and self.batching.pass_mark_up(job_id, checkpoint_id):
-            try:
+            try:  # behind a stalled upstream, dropped unsent once a request would be late
                 _, by_lane = self.peers.send(upstream, "mark", job_id, self.place.name,
-                                             checkpoint_id, caller, None)
+                                             checkpoint_id, caller, None,
+                                             timeout_s=self.router.request_budget())
                 self.counters.marks_by_lane += by_lane
             except Exception as e:  # noqa: BLE001 - only batching suffers
                 log.debug("%s: mark to %s failed: %s", self.place.name, upstream, e)

@@ -6,10 +6,15 @@ start in creation order), as Ray starts an async actor's calls from one caller i
 slow call never holds up the next one on the same lane. Answers go back in the order the
 calls finish.
 
-An answer that cannot be delivered (its connection broke: the caller's process died, or it
-cut the lane) names segments nobody will name: they are released unused (``release``, the
-router's release of late answers), as the caller would have released a late answer, so no
-file written for it stays until the job's next recovery. docs/architecture.md "Write path" 2.
+An answer counts as delivered only once the kernel took all of it (no bytes left in the
+loop's buffer), and a caller closing its lane shuts its write side first: the server then
+answers every call it read before it closes its own side, so the caller reads them all. An
+answer that cannot be delivered (the caller's process died, it shut its read side, or the
+answer would not encode) names segments nobody will name: they are released unused
+(``release``, the router's release of late answers), as the caller would have released a late
+answer, so no file written for it stays until the job's next recovery. Every path that did
+not deliver an answer releases it, a cancelled call included. docs/architecture.md "Write
+path" 2.
 """
 
 from __future__ import annotations
@@ -27,8 +32,18 @@ from typing import Any
 
 from ..errors import DstlError
 from ..process_identity import ProcessId
-from ..transport.lane import _LEN, HELLO, TOKEN_BYTES, frame, frame_length, hello_bytes, machine_id
-from ..transport.lane_codec import METHODS, decode_call, encode_answer
+from ..transport.lane_codec import (
+    _LEN,
+    HELLO,
+    METHODS,
+    TOKEN_BYTES,
+    decode_call,
+    encode_answer,
+    frame,
+    frame_length,
+    hello_bytes,
+    machine_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +144,18 @@ class LaneServer:
             # mode 0700: this user only; the owner record lets a later actor remove it
             # should this process die without shutting down
             self._dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
-            with open(os.path.join(self._dir, OWNER_FILE), "w") as f:
-                json.dump(owner_record(), f)
-            self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+            try:
+                # written under a temporary name and renamed into place: the record is
+                # either whole or absent (an absent one is never judged), never half written
+                tmp = os.path.join(self._dir, f".{OWNER_FILE}.tmp")
+                with open(tmp, "w") as f:
+                    json.dump(owner_record(), f)
+                os.replace(tmp, os.path.join(self._dir, OWNER_FILE))
+                self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+            except BaseException:
+                shutil.rmtree(self._dir, ignore_errors=True)  # ours, and of no use
+                self._dir = None
+                raise
 
     def info(self) -> dict[str, Any] | None:
         if self._server is None:
@@ -147,7 +171,11 @@ class LaneServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()  # one frame at a time on the socket
+        mine: set[asyncio.Task] = set()  # this connection's calls not answered yet
         try:
+            # drain() returns only once the kernel took every byte: an answer still in the
+            # loop's buffer when the connection ends is undelivered, and released here
+            writer.transport.set_write_buffer_limits(high=0)
             # raw bytes, compared before anything else is read
             hello = await reader.readexactly(len(HELLO) + TOKEN_BYTES)
             if not hmac.compare_digest(hello, hello_bytes(self.token)):
@@ -173,10 +201,14 @@ class LaneServer:
                     call_id, work = e.call_id, _failed(e)  # answered with the error
                 task = asyncio.get_running_loop().create_task(
                     self._run(call_id, method, args, work, writer, lock))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                for tasks in (self._tasks, mine):
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the writer process went away; its calls still finish here
+            # the writer shut its side (closing the lane) or went away: answer what it sent
+            # (its reader waits for our end of the stream), then close
+            if mine:
+                await asyncio.wait(set(mine))
         except Exception as e:  # noqa: BLE001 - a bad frame ends this connection only
             log.warning("%s: lane connection closed: %s: %s", self.node, type(e).__name__, e)
         finally:
@@ -189,20 +221,32 @@ class LaneServer:
         value: Any = None
         try:
             value = await work
-            data = frame(encode_answer(call_id, True, value))
         except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the caller learns it
-            value = None
             data = frame(encode_answer(call_id, False, e if isinstance(e, Exception) else
                                        DstlError("the call was cancelled")))
-        async with lock:
+        else:
             try:
+                data = frame(encode_answer(call_id, True, value))
+            except Exception as e:  # noqa: BLE001 - the caller learns it; nobody names these
+                log.warning("%s: cannot encode the answer of %s: %s", self.node, method, e)
+                await self._undelivered(method, args, value)
+                value = None
+                data = frame(encode_answer(call_id, False, DstlError(
+                    f"node {self.node} could not encode its answer: {type(e).__name__}: {e}")))
+        delivered = False
+        try:
+            async with lock:
                 if not writer.is_closing():  # (a closing transport drops writes silently)
                     writer.write(data)
                     await writer.drain()
-                    return
-            except ConnectionError:
-                pass  # the caller's process went away, or it cut the lane
-        await self._undelivered(method, args, value)
+                    delivered = True
+        except ConnectionError:
+            pass  # the caller's process went away, or it shut its read side
+        except Exception as e:  # noqa: BLE001 - undelivered all the same
+            log.warning("%s: lane answer not sent: %s: %s", self.node, type(e).__name__, e)
+        finally:
+            if not delivered:  # (cancelled too: the release runs to its end)
+                await asyncio.shield(self._undelivered(method, args, value))
 
     async def _undelivered(self, method: str, args: tuple[Any, ...], value: Any) -> None:
         """Nobody gets this answer: release the segments it names, unused."""

@@ -3,12 +3,14 @@ actors, found by name in the tree's Ray namespace, and lanes to those on this ma
 
 A lane is tied to the process it was opened to (its pid, from the peer's ``lane()``), while
 releases, registrations and a new lane go to whatever process the peer's NAME means now. So
-every LANE_CHECK_S each lane, open or retiring, is checked against Ray's actor table: once
-Ray has restarted that actor elsewhere or holds it dead (its Ray node declared dead while the
-old process still runs: a zombie), the lane is cut at once. Its calls in flight fail (the
-child flushes itself, as for a dead parent), and the old process, finding their answers
-undeliverable, releases what it wrote for them (:mod:`.lane_server`). A peer that is only
-stalled stays ALIVE in Ray: its lane stays, and costs lateness only.
+each lane, open or retiring, is checked against Ray's actor table
+(:mod:`dstl_ray.transport.lane_watch`, on a thread of its own): once Ray has restarted that
+actor elsewhere or holds it dead (its Ray node declared dead while the old process still
+runs: a zombie), the lane is cut at once. Its calls in flight fail (the child flushes itself,
+as for a dead parent), and the old process, finding their answers undeliverable, releases
+what it wrote for them (:mod:`.lane_server`). A peer that is only stalled stays ALIVE in Ray:
+its lane stays, and costs lateness only. An answer whose caller stopped waiting (its
+future cancelled) goes to ``late``, the router's release of late answers.
 
 ``topology`` (placement, discovery) builds on these names; this package never imports it.
 """
@@ -20,12 +22,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..transport.lane import Lane, open_lane
+from ..transport.lane import Lane, Sent, open_lane
+from ..transport.lane_watch import ActorState, LaneWatch, gone
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,6 @@ LANE_RETRY_S = 30.0  # a peer that offered no lane (or could not be reached) is 
 # how long a child listens for an answer it stopped waiting for (routing), and how long a
 # dropped lane's calls in flight may still be answered
 LATE_ANSWER_WAIT_S = 600.0
-LANE_CHECK_S = 2.0  # how often a lane's peer is checked against Ray's actor table
 
 NODE_PREFIX = "dstl-node-"  # node actors' names: this prefix and the Ray node id's head
 
@@ -48,19 +49,8 @@ def list_node_actors(namespace: str) -> list[str]:
                   if a.get("namespace") == namespace and a["name"].startswith(NODE_PREFIX))
 
 
-def ray_actor_state(handle: Any) -> tuple[str, int] | None:
-    """(state, pid) Ray's actor table holds for the actor behind ``handle`` ("DEAD", 0 when
-    it has no entry); None when the table could not be read (then nothing is concluded)."""
-    try:
-        from ray._private.state import state
-
-        info = state.actor_table(handle._actor_id.hex())
-    except Exception as e:  # noqa: BLE001 - no answer: the lane stays
-        log.debug("actor table lookup failed: %s", e)
-        return None
-    if not info:
-        return "DEAD", 0
-    return str(info.get("State", "")), int(info.get("Pid") or 0)
+# releases the segments of an answer nobody waits for (the router's release_late)
+LateRelease = Callable[[list[Sent], list[Any]], Awaitable[None]]
 
 
 @dataclass
@@ -82,21 +72,28 @@ class Peers:
 
     def __init__(self, namespace: str, lanes: bool = True,
                  clock: Callable[[], float] = time.monotonic,
-                 actor_state: Callable[[Any], tuple[str, int] | None] = ray_actor_state
-                 ) -> None:
+                 actor_state: ActorState | None = None) -> None:
         self.namespace = namespace
         self.handles: dict[str, Any] = {}
         self.use_lanes = lanes
         self.clock = clock
-        self.actor_state = actor_state  # Ray's actor table (tests give their own)
         self.lanes: dict[str, Lane] = {}
         self.retiring: dict[Lane, str] = {}  # dropped lanes still delivering answers
-        # the actor handle (its id, not its name) each lane was opened to
-        self._lane_actor: weakref.WeakKeyDictionary[Lane, Any] = weakref.WeakKeyDictionary()
         self.cut = 0  # lanes cut because their peer's actor was restarted or dead
+        self.late: LateRelease | None = None  # set by the router
         self._no_lane_until: dict[str, float] = {}  # no lane to it: try again after this
         self._opening: dict[str, asyncio.Task] = {}
-        self._watch: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch = LaneWatch(self._on_cut, actor_state, name="dstl-peer-lane-watch")
+
+    @property
+    def actor_state(self) -> ActorState:
+        """Ray's actor table, as the lanes' watch reads it (tests give their own)."""
+        return self._watch.actor_state
+
+    @actor_state.setter
+    def actor_state(self, lookup: ActorState) -> None:
+        self._watch.actor_state = lookup
 
     def actor(self, name: str) -> Any:
         h = self.handles.get(name)
@@ -143,60 +140,56 @@ class Peers:
 
     async def _open(self, name: str) -> None:
         handle = None
+        self._loop = asyncio.get_running_loop()
         try:
             handle = self.actor(name)
             info = await asyncio.wait_for(handle.lane.remote(), LANE_OPEN_TIMEOUT_S)
-            ln = await asyncio.to_thread(open_lane, info, name) if info else None
+            ln = None
+            if info:
+                ln = await asyncio.to_thread(open_lane, info, name, self._late_answer)
         except Exception as e:  # noqa: BLE001 - Ray calls still work
             log.info("no lane to %s: %s: %s", name, type(e).__name__, e)
             ln = None
         if ln is None:
             self._no_lane_until[name] = self.clock() + LANE_RETRY_S
             return
-        self._lane_actor[ln] = handle  # the actor (by id, not name) it was opened to
+        self._watch.add(ln, handle, name)  # the actor (by id, not name) it was opened to
         if self._opening.get(name) is not asyncio.current_task():
             self._retire(ln, name)  # dropped while it opened
         else:
             self.lanes[name] = ln
-            if self._watch is None or self._watch.done():
-                self._watch = asyncio.get_running_loop().create_task(self._check_lanes())
 
-    async def _check_lanes(self) -> None:
-        """Every LANE_CHECK_S, while any lane is open or retiring: cut those whose peer's
-        actor Ray restarted (another pid) or holds for dead."""
-        while self.lanes or self.retiring:
-            await asyncio.sleep(LANE_CHECK_S)
-            for ln, name in [(ln, n) for n, ln in self.lanes.items()] + list(
-                    self.retiring.items()):
-                if ln.closed is not None:
-                    self.retiring.pop(ln, None)
-                    continue
-                try:
-                    got = await asyncio.wait_for(
-                        asyncio.to_thread(self.actor_state, self._lane_actor.get(ln)),
-                        LANE_OPEN_TIMEOUT_S)
-                except Exception as e:  # noqa: BLE001 - unknown: the lane stays
-                    log.debug("cannot check the lane to %s: %s", name, e)
-                    continue
-                if got is None:
-                    continue
-                state, pid = got
-                if state == "ALIVE" and (ln.peer_pid is None or pid == ln.peer_pid):
-                    continue
-                self._cut(name, ln, f"Ray holds its actor {state} with pid {pid}")
+    def _late_answer(self, method: str, sent: tuple[Sent, ...], results: list[Any]) -> None:
+        """(a lane's reader thread) An answer whose caller stopped waiting: released, unused,
+        on this actor's loop."""
+        loop, late = self._loop, self.late
+        if loop is None or late is None:
+            return
+        log.info("late %s answer over the lane: releasing its segments", method)
+        asyncio.run_coroutine_threadsafe(late(list(sent), results), loop)
 
-    def _cut(self, name: str, ln: Lane, why: str) -> None:
-        """The lane's process is no longer the actor ``name`` means: close it now (not
-        retired), so nothing more goes to that process and what it did for the calls in
-        flight is released there, not named here."""
-        log.warning("cutting the lane to %s (pid %s): %s", name, ln.peer_pid, why)
+    def alive(self, name: str) -> bool:
+        """Whether ``name`` has an open lane whose process Ray still holds for its actor (as
+        far as the last check knows): a call on it that timed out met a stalled peer, not a
+        gone one, and the lane stays."""
+        ln = self.lanes.get(name)
+        return ln is not None and ln.closed is None and gone(
+            self._watch.last(ln), ln.peer_pid) is None
+
+    def _on_cut(self, ln: Lane, name: str, why: str) -> None:
+        """(the watch's thread, the lane cut already) Forget it on this actor's loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._forget_cut, name, ln)
+
+    def _forget_cut(self, name: str, ln: Lane) -> None:
+        """The lane's process is no longer the actor ``name`` means: nothing more goes to
+        that process, and what it did for the calls in flight is released there, not named
+        here; the handle is looked up again (it may be a new actor)."""
         self.cut += 1
         if self.lanes.get(name) is ln:
             del self.lanes[name]
-            self.handles.pop(name, None)  # looked up again: it may be a new actor
+            self.handles.pop(name, None)
         self.retiring.pop(ln, None)
-        self._lane_actor.pop(ln, None)
-        ln.close(drain_s=0)
 
     def drop(self, name: str | None) -> None:
         """Forget ``name``'s handle and lane (a call to it failed): looked up again next
@@ -225,5 +218,3 @@ class Peers:
     def close(self) -> None:
         for name in list(self.lanes) + list(self._opening):
             self.drop(name)
-        if self._watch is not None:
-            self._watch.cancel()

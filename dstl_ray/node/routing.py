@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..config import ChangelogConfig
@@ -19,6 +18,7 @@ from ..log.handle import Segment
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
+from ..transport.lane import Sent
 from .batching import Clock, Pending
 from .flush import Flusher, Result
 from .namespaces import Caller
@@ -42,14 +42,8 @@ def should_flush(has_parent: bool, batch_bytes: int, flush_bytes: int) -> bool:
     return not has_parent or batch_bytes >= flush_bytes
 
 
-@dataclass(frozen=True)
-class Released:
-    """What releasing a request's segment needs (not its bytes)."""
-
-    job_id: str
-    log_id: str
-    caller: Caller | None
-
+# what releasing a request's segment needs (not its bytes): the lane's record of a request
+Released = Sent
 
 # releases a segment written here: (job, path, log, used, caller, offset) -> deleted?
 ReleaseHere = Callable[[str, str, str, bool, Caller | None, int], Awaitable[bool]]
@@ -77,6 +71,8 @@ class Router:
         self.route_left = 0
         self.budget: ByteBudget | None = None  # in-flight upload bytes, made on first use
         self.late_answers: set[asyncio.Task] = set()  # forwards we stopped waiting for
+        # an answer that comes over a lane after we stopped waiting (its future cancelled)
+        peers.late = self.release_late
 
     def upstream(self) -> str | None:
         return self.route if self.route_left > 0 else self.place.parent
@@ -174,7 +170,10 @@ class Router:
         try:
             segs = await self.forward(target, requests, budget)
         except Exception as e:  # noqa: BLE001 - upstream unreachable
-            self.peers.drop(target)
+            if not (isinstance(e, TimeoutError) and self.peers.alive(target)):
+                # (a deadline that passed at a stalled peer still ALIVE in Ray, its frame
+                # perhaps never sent, keeps its lane: the next batch goes on it)
+                self.peers.drop(target)
             if target != parent:
                 # any failure drops the routing decision; go the normal way once more
                 self.counters.route_failures += 1

@@ -3,15 +3,12 @@ a Unix socket, not through Ray (docs/architecture.md "Write path" 2); node actor
 same way for a child's batches and marks to a parent on their machine ("Write path" 4,
 :meth:`Lane.submit`).
 
-Measured on the checkpoint path (issue "checkpoint latency"), a Ray actor call from a writer
-process to its node actor cost 3.3 ms to arrive and 2.2 ms to answer at the median while
-the checkpoint's processes all woke at once, against about 0.6 ms each way on an idle
-machine: Ray's per-call work (task submission, gRPC, scheduling on the actor) is what the
-burst queues behind. The lane carries the same two calls as length-prefixed frames (JSON and
-raw bytes, :mod:`.lane_codec`, never pickle) on a socket the node actor listens on, straight
-into the same coroutines, so a request's semantics (vetting, admission, batching, deadlines)
-are exactly those of the Ray call; only the carrier changes. Everything else
-(registration, releases, retains, status) stays on Ray.
+A Ray actor call from a writer to its node actor cost 3.3 ms to arrive and 2.2 ms to answer
+at the median while a checkpoint's processes all woke at once (Ray's per-call work is what the
+burst queues behind). The lane carries the same calls as length-prefixed frames (JSON and raw
+bytes, :mod:`.lane_codec`, never pickle) straight into the same coroutines, so a request's
+semantics (vetting, admission, batching, deadlines) are those of the Ray call; only the
+carrier changes. Everything else (registration, releases, retains, status) stays on Ray.
 
 Trust: the socket lives in a directory only the node actor's user can enter, and a
 connection must first present the node's token as raw bytes (compared in constant time),
@@ -24,12 +21,15 @@ Ray calls; the transport then finds its node again (over Ray) and opens a new la
 
 A stalled receiver (a GC pause, SIGSTOP, a blocking call) is not a broken lane: there is no
 send timeout. Frames go out without blocking the caller (the rest of a frame the socket did
-not take goes from the lane's sender thread), a call fails when ITS deadline passes (the
-deadline its caller gives; the caller's own timer fails it, a Ray call would be late the same
-way), and a frame not sent by then is dropped unsent (:class:`~dstl_ray.errors.DeadlineError`)
-so nothing reaches the node for a call nobody waits for. A frame begun is always finished: the
-stream stays whole, and the node answers (or releases, :mod:`dstl_ray.node.lane_server`) what
-it did for the call. docs/architecture.md "Write path" 2.
+not take goes from the lane's sender thread), a call fails when ITS deadline passes, and a
+frame not begun by then is dropped unsent (:class:`~dstl_ray.errors.DeadlineError`).
+
+Closing never drops an answer: the writer side shuts its write direction and reads on until
+the node, having answered every call it read, closes its own; the read direction is shut
+last, and only then are the calls left failed. An answer written before that line is read,
+one after it fails at the node, which releases it (:mod:`dstl_ray.node.lane_server`); one
+whose caller stopped waiting goes to the lane's ``late`` hook. Each answer's segments are
+released exactly once. docs/architecture.md "Write path" 2.
 """
 
 from __future__ import annotations
@@ -41,59 +41,38 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DeadlineError, DstlError, NodeUnavailableError
-from .lane_codec import decode_answer, encode_call
+from .lane_codec import (  # noqa: F401 - the protocol's names, used here and by lane users
+    _LEN,
+    Sent,
+    decode_answer,
+    encode_call,
+    frame,
+    frame_length,
+    hello_bytes,
+    machine_id,
+    sent_of,
+)
 
 log = logging.getLogger(__name__)
 
-HELLO = b"DSTL-LANE/1"
-TOKEN_BYTES = 32  # the token's length in hex characters
 POLL_S = 1.0  # a sender waiting for a stalled node looks at the queued deadlines this often
-_LEN = struct.Struct(">Q")
-MAX_FRAME = 1 << 36  # 64 GiB: a length beyond it is a corrupt frame, not a request
-
-
-def machine_id() -> str:
-    """Names this machine (host name and boot id): a lane is used only between processes
-    that share it, where a Unix socket path means the same socket."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def frame(body: bytes) -> bytes:
-    """One frame: an 8-byte length, then the body (:mod:`.lane_codec`)."""
-    return _LEN.pack(len(body)) + body
-
-
-def hello_bytes(token: str) -> bytes:
-    """The first bytes of a connection: the protocol and the node's token, raw (the node
-    compares them before it reads anything else)."""
-    raw = token.encode("ascii")
-    if len(raw) != TOKEN_BYTES:
-        raise DstlError(f"a lane token has {TOKEN_BYTES} characters, got {len(raw)}")
-    return HELLO + raw
-
-
-def frame_length(header: bytes) -> int:
-    (n,) = _LEN.unpack(header)
-    if n > MAX_FRAME:
-        raise DstlError(f"lane frame of {n} bytes: not a frame of this protocol")
-    return n
 
 
 class LaneClosedError(NodeUnavailableError):
     """The lane to a node actor broke: the calls in flight on it failed; the node may be
     alive (find it again over Ray) or dead (as with a Ray call to a dead actor)."""
+
+
+# an answer whose caller stopped waiting (its future failed or was cancelled): (method, the
+# call's requests, its results); runs on the lane's reader thread, so keep it short
+LateHook = Callable[[str, tuple[Sent, ...], list[Any]], None]
 
 
 @dataclass(eq=False)
@@ -106,19 +85,31 @@ class _Out:
     sent: int = 0
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A call sent (or queued) and not answered yet."""
+
+    future: concurrent.futures.Future[Any]
+    method: str
+    sent: tuple[Sent, ...]  # its requests, for releasing a late answer
+    deadline: float | None
+
+
 class Lane:
     """The writer side of one lane: calls return concurrent futures, answered by a reader
     thread (their callbacks run there: keep them short, as the transport does by handing
     results to its delivery thread). ``peer_pid``: the node actor's process (the lane is
-    tied to it: :mod:`dstl_ray.node.peers` drops a lane whose actor Ray has restarted or
-    declared dead)."""
+    tied to it: :mod:`.lane_watch` cuts a lane whose actor Ray has restarted or declared
+    dead). ``late``: where an answer goes whose caller stopped waiting (its future failed or
+    was cancelled), so the segments it names are released exactly once."""
 
     def __init__(self, path: str, token: str, node: str, timeout_s: float = 10.0,
-                 peer_pid: int | None = None) -> None:
+                 peer_pid: int | None = None, late: LateHook | None = None) -> None:
         self.node = node
         self.path = path
         self.token = token
         self.peer_pid = peer_pid
+        self.late = late
         self.calls = 0
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -134,16 +125,24 @@ class Lane:
             self._sock.close()
             raise
         self._lock = threading.Lock()
-        self._queued = threading.Condition(self._lock)  # frames for the sender thread
+        self._queued = threading.Condition(self._lock)  # the sender's and closer's waits
         self._queue: collections.deque[_Out] = collections.deque()  # in sending order
         self._writing = False  # a thread is sending from the queue (one at a time)
         self._sender: threading.Thread | None = None
-        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        self._pending: dict[int, _Call] = {}
         self._ids = itertools.count()
+        # no new calls once set (closing, or broken); the reason
         self.closed: BaseException | None = None
+        self._aborted = False  # both directions shut: nothing more is sent or can arrive
+        self._done = threading.Event()  # every call resolved and the socket closed
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"dstl-lane-{node}")
         self._reader.start()
+
+    @property
+    def done(self) -> bool:
+        """Whether the lane has ended: every call resolved, the socket closed."""
+        return self._done.is_set()
 
     def _recv_exact(self, n: int) -> bytes:
         buf = bytearray(n)
@@ -164,14 +163,15 @@ class Lane:
         """Encode a call (an error raises before anything is registered), register its
         future and queue its frame. Returns whether the caller is to send it (``inline``
         and no other thread is sending); otherwise the sender thread will. Raises
-        :class:`LaneClosedError` if the lane is broken."""
+        :class:`LaneClosedError` if the lane is closed or broken."""
         call_id = next(self._ids)
         out = _Out(call_id, memoryview(frame(encode_call(call_id, method, args))), deadline)
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        call = _Call(fut, method, sent_of(method, args), deadline)
         with self._lock:
             if self.closed is not None:
                 raise LaneClosedError(f"lane to node {self.node} is closed: {self.closed}")
-            self._pending[call_id] = fut
+            self._pending[call_id] = call
             self._queue.append(out)
             mine = inline and not self._writing
             if mine:
@@ -186,49 +186,58 @@ class Lane:
             self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                             name=f"dstl-lane-send-{self.node}")
             self._sender.start()
-        self._queued.notify()
+        self._queued.notify_all()
 
     def call(self, method: str, *args: Any, deadline: float | None = None
              ) -> concurrent.futures.Future[Any]:
         """Send one call; raises :class:`LaneClosedError` (nothing sent) if the lane is
-        broken, so the caller can go by Ray instead. A call that does not encode (an unknown
-        method, a bad argument) raises and leaves the lane as it was. The frame goes out from
-        this thread as far as the socket takes it without waiting, the rest from the sender
-        thread: a stalled node never blocks the caller. ``deadline`` (``time.monotonic()``):
-        a frame not begun by then is dropped and its call fails with
+        closed or broken, so the caller can go by Ray instead. A call that does not encode
+        (an unknown method, a bad argument) raises and leaves the lane as it was. The frame
+        goes out from this thread as far as the socket takes it without waiting, the rest
+        from the sender thread: a stalled node never blocks the caller. ``deadline``
+        (``time.monotonic()``): a frame not begun by then is dropped and its call fails with
         :class:`~dstl_ray.errors.DeadlineError`; the lane itself never times out."""
         out, fut, mine = self._register(method, args, deadline, inline=True)
         if mine:
             try:
                 self._send_queued(block=False)
-            except BaseException as e:  # noqa: BLE001 - the stream is unusable: close it
-                self._close(e)
-                if out.sent == 0 and isinstance(e, OSError):
-                    raise LaneClosedError(f"lane to node {self.node} broke while sending: "
-                                          f"{e}") from e
+            except BaseException as e:  # noqa: BLE001 - the stream is unusable: end it
+                self._stop_writing()
+                self._abort(e)
                 if not isinstance(e, OSError):
                     raise
-            finally:
-                with self._lock:
-                    self._writing = False
-                    if self._queue and self.closed is None:
-                        self._wake_sender()
+                if out.sent == 0:  # nothing of it went out: the caller goes by Ray
+                    with self._lock:
+                        self._pending.pop(out.call_id, None)
+                    raise LaneClosedError(f"lane to node {self.node} broke while sending: "
+                                          f"{e}") from e
+            else:
+                self._stop_writing()
         return fut
+
+    def _stop_writing(self) -> None:
+        """An inline sender is done: the sender thread takes what is left (and, on a closed
+        lane, shuts the write side once everything went out)."""
+        with self._lock:
+            self._writing = False
+            if (self._queue or self.closed is not None) and not self._aborted:
+                self._wake_sender()
+            self._queued.notify_all()
 
     def submit(self, method: str, *args: Any, deadline: float | None = None
                ) -> concurrent.futures.Future[Any]:
         """As :meth:`call`, but the frame goes out from this lane's sender thread, in
         submission order, so the caller never touches the socket (a node actor's event loop
-        calls this). Raises :class:`LaneClosedError` if the lane is broken, or the encoding
-        error, before anything is queued; a lane that breaks later fails the queued calls
-        with the ones in flight."""
+        calls this). Raises :class:`LaneClosedError` if the lane is closed or broken, or the
+        encoding error, before anything is queued; a lane that breaks later fails the queued
+        calls with the ones in flight."""
         return self._register(method, args, deadline, inline=False)[1]
 
     def _drop_expired(self) -> None:
         """Fail and forget the queued frames not begun whose deadline passed: nothing of
         them reached the node, so nothing is done there for a call nobody waits for."""
         now = time.monotonic()
-        gone: list[tuple[int, concurrent.futures.Future[Any] | None]] = []
+        gone: list[tuple[int, _Call | None]] = []
         with self._lock:
             if any(o.sent == 0 and o.deadline is not None and o.deadline <= now
                    for o in self._queue):
@@ -239,9 +248,9 @@ class Lane:
                     else:
                         keep.append(o)
                 self._queue = keep
-        for call_id, fut in gone:
-            if fut is not None and not fut.done():
-                fut.set_exception(DeadlineError(
+        for call_id, call in gone:
+            if call is not None and not call.future.done():
+                call.future.set_exception(DeadlineError(
                     f"call {call_id} to node {self.node} passed its deadline before the "
                     f"node took it (not sent)"))
 
@@ -253,7 +262,7 @@ class Lane:
         while True:
             self._drop_expired()
             with self._lock:
-                if self.closed is not None or not self._queue:
+                if self._aborted or not self._queue:
                     return
                 head = self._queue[0]
             try:
@@ -285,65 +294,124 @@ class Lane:
     def _send_loop(self) -> None:
         while True:
             with self._lock:
-                while (not self._queue or self._writing) and self.closed is None:
+                while not (self._aborted or (not self._writing and (
+                        self._queue or self.closed is not None))):
                     self._queued.wait()
-                if self.closed is not None:
+                if self._aborted:
+                    return
+                if not self._queue:
+                    # closed, and every frame went out: the node reads to the end of the
+                    # stream, answers what it read, then closes its side (our reader's EOF)
+                    try:
+                        self._sock.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
                     return
                 self._writing = True
             try:
                 self._send_queued(block=True)
             except BaseException as e:  # noqa: BLE001 - every queued call learns it
-                self._close(e)
+                self._stop_writing()
+                self._abort(e)
                 return
-            finally:
-                with self._lock:
-                    self._writing = False
+            self._stop_writing()
 
     def _read_loop(self) -> None:
+        why: BaseException
         try:
             while True:
-                call_id, ok, value = decode_answer(self._recv())
-                with self._lock:
-                    fut = self._pending.pop(call_id, None)
-                if fut is None:
-                    continue
-                if ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
-        except BaseException as e:  # noqa: BLE001 - every pending call learns it
-            self._close(e)
+                self._answer(*decode_answer(self._recv()))
+        except BaseException as e:  # noqa: BLE001 - the end of the stream, or a broken one
+            why = e
+        self._end(why)
 
-    def _close(self, why: BaseException) -> None:
+    def _answer(self, call_id: int, ok: bool, value: Any) -> None:
+        with self._lock:
+            call = self._pending.pop(call_id, None)
+        if call is None:
+            return
+        try:
+            if ok:
+                call.future.set_result(value)
+            else:
+                call.future.set_exception(value)
+            return
+        except concurrent.futures.InvalidStateError:
+            pass  # its caller cancelled (or failed) it: it stopped waiting
+        if ok and isinstance(value, list) and call.sent and self.late is not None:
+            try:
+                self.late(call.method, call.sent, value)
+            except Exception as e:  # noqa: BLE001 - recovery's orphan cleanup covers it
+                log.warning("lane to %s: a late answer could not be released: %s",
+                            self.node, e)
+
+    def _abort(self, why: BaseException) -> None:
+        """Shut both directions now. The read side is the line: an answer the node wrote
+        before it is read (the reader drains what is buffered), one after it fails at the
+        node, which releases it (:mod:`dstl_ray.node.lane_server`); none is lost between."""
         with self._lock:
             if self.closed is None:
                 self.closed = why
+            if self._aborted:
+                return
+            self._aborted = True
+            self._queued.notify_all()
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _end(self, why: BaseException) -> None:
+        """(the reader, at the end of the stream) Fail what is left, close the socket."""
+        self._abort(why)
+        with self._lock:
+            while self._writing:  # an inline sender finishing its (non-blocking) send
+                self._queued.wait()
             pending, self._pending = self._pending, {}
             self._queue = collections.deque()
-            self._queued.notify_all()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(LaneClosedError(
+            self._sock.close()
+            reason = self.closed
+        for call in pending.values():
+            if not call.future.done():
+                call.future.set_exception(LaneClosedError(
                     f"lane to node {self.node} closed with this call in flight: "
-                    f"{type(why).__name__}: {why}"))
+                    f"{type(reason).__name__}: {reason}"))
+        self._done.set()
+
+    def in_flight_until(self, default_s: float = 5.0) -> float:
+        """The latest deadline (``time.monotonic()``) of the calls in flight (``default_s``
+        from now for one without a deadline); now when there is none."""
+        now = time.monotonic()
+        with self._lock:
+            return max((now + default_s if c.deadline is None else c.deadline
+                        for c in self._pending.values()), default=now)
+
+    def cut(self, why: str) -> None:
+        """End the lane now, without waiting (its process is no longer the node actor):
+        the answers already written to it are still read and delivered, the rest fail at
+        the node, which releases them; calls without an answer fail."""
+        self._abort(ConnectionAbortedError(f"cut: {why}"))
 
     def close(self, drain_s: float = 5.0) -> None:
-        """Close, after waiting up to ``drain_s`` for the calls in flight: their answers
-        name segments the node made durable, which the writers then release (failed here,
-        those segments would stay until the job's next recovery cleaned them up)."""
+        """Close from the writer side: no new calls; the frames queued still go out (each
+        until its deadline), then the write side is shut and the node answers every call it
+        read before it closes its side. Waits up to ``drain_s`` for that, then shuts the read
+        side (:meth:`_abort`): answers read by then reach their callers (or ``late``), later
+        ones are released at the node. Their segments are thus released exactly once, never
+        dropped in a socket buffer. ``drain_s`` 0: as :meth:`cut`, without waiting."""
         with self._lock:
-            waiting = list(self._pending.values())
-        if waiting and self.closed is None:
-            concurrent.futures.wait(waiting, timeout=drain_s)
-        self._close(ConnectionAbortedError("closed by the writer side"))
-        self._sock.close()
+            if self.closed is None:
+                self.closed = ConnectionAbortedError("closed by the writer side")
+            if not self._aborted:
+                self._wake_sender()
+        if drain_s > 0 and self._done.wait(drain_s):
+            return
+        self._abort(ConnectionAbortedError(f"closed by the writer side after {drain_s:g} s"))
+        if drain_s > 0:
+            self._done.wait(POLL_S + 1.0)  # the reader drains what is buffered
 
 
-def open_lane(lane: dict[str, Any], node: str) -> Lane | None:
+def open_lane(lane: dict[str, Any], node: str, late: LateHook | None = None) -> Lane | None:
     """A lane to node actor ``node`` that offers ``lane`` (its ``lane()`` answer), if the
     node is on this machine (None otherwise, or if it cannot be opened: use Ray)."""
     if lane.get("machine") != machine_id() or not os.path.exists(lane.get("path", "")):
@@ -351,7 +419,7 @@ def open_lane(lane: dict[str, Any], node: str) -> Lane | None:
     try:
         pid = lane.get("pid")
         return Lane(lane["path"], lane["token"], node,
-                    peer_pid=pid if isinstance(pid, int) else None)
+                    peer_pid=pid if isinstance(pid, int) else None, late=late)
     except Exception as e:  # noqa: BLE001 - Ray still works
         log.info("no lane to node %s (%s): using Ray calls", node, e)
         return None

@@ -3,16 +3,19 @@ sections' bytes as binary blobs. Only the calls a lane carries and their answers
 each decoded into its dataclasses with every field's type checked, so a frame can never make
 the node actor run code, and a malformed one fails with a :class:`DstlError` naming it.
 
-Body of a frame: u32 header length | header (JSON, UTF-8) | blobs (lengths in ``header["b"]``).
+A frame: u64 body length | body. The first bytes of a connection are the protocol's hello and
+the node's token, raw. Body of a frame: u32 header length | header (JSON, UTF-8) | blobs (lengths in ``header["b"]``).
 Each request names its section's blob by index: every blob exactly once, and every index
-entry within its section, or the frame is refused (it could otherwise hand one request
-another's bytes).
+entry within its section (its bytes, its log, its sqns), or the frame is refused (it could
+otherwise hand one request another's bytes, or index them as another log's).
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
@@ -25,6 +28,62 @@ from .base import PersistRequest
 _U32 = struct.Struct(">I")
 # what a lane carries (a writer's two calls, and a child node's batch); the rest goes by Ray
 METHODS = ("persist_many", "mark", "persist_batch")
+
+
+# ---------------------------------------------------------------------- frames
+
+HELLO = b"DSTL-LANE/1"
+TOKEN_BYTES = 32  # the token's length in hex characters
+_LEN = struct.Struct(">Q")
+MAX_FRAME = 1 << 36  # 64 GiB: a length beyond it is a corrupt frame, not a request
+
+
+def machine_id() -> str:
+    """Names this machine (host name and boot id): a lane is used only between processes
+    that share it, where a Unix socket path means the same socket."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def frame(body: bytes) -> bytes:
+    """One frame: an 8-byte length, then the body (a call or an answer, below)."""
+    return _LEN.pack(len(body)) + body
+
+
+def hello_bytes(token: str) -> bytes:
+    """The first bytes of a connection: the protocol and the node's token, raw (the node
+    compares them before it reads anything else)."""
+    raw = token.encode("ascii")
+    if len(raw) != TOKEN_BYTES:
+        raise DstlError(f"a lane token has {TOKEN_BYTES} characters, got {len(raw)}")
+    return HELLO + raw
+
+
+def frame_length(header: bytes) -> int:
+    (n,) = _LEN.unpack(header)
+    if n > MAX_FRAME:
+        raise DstlError(f"lane frame of {n} bytes: not a frame of this protocol")
+    return n
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What releasing a late answer's segment needs of its request (never its bytes)."""
+
+    job_id: str
+    log_id: str
+    caller: Any  # dstl_ray.node.namespaces.Caller | None
+
+
+def sent_of(method: str, args: tuple[Any, ...]) -> tuple[Sent, ...]:
+    """What a late answer to this call would need to release its segments."""
+    if method in ("persist_many", "persist_batch") and args:
+        return tuple(Sent(r.job_id, r.log_id, r.caller) for r in args[0])
+    return ()
 
 
 class _Blobs:
@@ -125,21 +184,29 @@ def _request_in(d: Any, blobs: list[memoryview], taken: set[int]) -> PersistRequ
     d = _want(d, dict, "request")
     s = _want(d["sec"], dict, "section")
     data = _blob(s["data"], blobs, taken)
+    log_id = _hex(s["log"], "log id")
+    smin, smax = _ints(s["sqn"], 2, "section sqns")
+    if min(smin, smax) < 0 or smin > smax:
+        raise DstlError(f"malformed lane frame: section sqns {smin}..{smax}")
     index = []
     for e in _want(s["idx"], list, "section index"):
         e = _want(e, list, "index entry")
         if len(e) != 6:
             raise DstlError("malformed lane frame: index entry")
-        kg, smin, smax, off, ln = _ints(e[1:], 5, "index entry")
-        if min(kg, smin, smax, off, ln) < 0 or smin > smax or off + ln > len(data):
+        kg, emin, emax, off, ln = _ints(e[1:], 5, "index entry")
+        if min(kg, emin, emax, off, ln) < 0 or emin > emax or off + ln > len(data):
             raise DstlError(f"malformed lane frame: index entry (key group {kg}, sqns "
-                            f"{smin}..{smax}, bytes {off}+{ln}) outside its section of "
+                            f"{emin}..{emax}, bytes {off}+{ln}) outside its section of "
                             f"{len(data)} bytes")
-        index.append(BlockIndex(_hex(e[0], "index log id"), kg, smin, smax, off, ln))
-    smin, smax = _ints(s["sqn"], 2, "section sqns")
-    if min(smin, smax) < 0 or smin > smax:
-        raise DstlError(f"malformed lane frame: section sqns {smin}..{smax}")
-    section = EncodedSection(_hex(s["log"], "log id"), bytes(data), tuple(index), smin, smax,
+        if not smin <= emin <= emax <= smax:
+            raise DstlError(f"malformed lane frame: index entry (key group {kg}) holds sqns "
+                            f"{emin}..{emax}, outside its section's sqns {smin}..{smax}")
+        entry_log = _hex(e[0], "index log id")
+        if entry_log != log_id:
+            raise DstlError(f"malformed lane frame: index entry of log {entry_log.hex()} in "
+                            f"a section of log {log_id.hex()}")
+        index.append(BlockIndex(entry_log, kg, emin, emax, off, ln))
+    section = EncodedSection(log_id, bytes(data), tuple(index), smin, smax,
                              _want(s["flags"], int, "flags"))
     trace = tuple((_want(k, str, "trace"), _want(v, str, "trace"))
                   for k, v in (_want(t, list, "trace") for t in _want(d["trace"], list,

@@ -26,7 +26,8 @@ from ..storage.base import join
 from ..storage.deleter import background_deleter
 from .auth import AUTH_MODE_ENV, use_cluster_auth_mode
 from .base import PersistRequest
-from .lane import Lane, LaneClosedError, open_lane
+from .lane import Lane, LaneClosedError
+from .lane_holder import WriterLane
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,12 @@ class RayNodeTransport:
         self._handle: Any = None
         # the node's local lane (dstl_ray.transport.lane) when it is on this machine: persist
         # calls and marks go there instead of through Ray
-        self._lane: Lane | None = None
+        self._lanes = WriterLane(lambda method, sent, results: self._deliveries.submit(
+            self._release_late, [s.log_id for s in sent], results), self._note_cut)
         # node actors admit a job only from its own namespace (dstl_ray.node.namespaces)
         self._caller = current_caller(caller_namespace)
         self._connect()
+        self._refresh_lane(self._handle)
         info = self._call(self._handle.info.remote())
         self.base_path: str = info["base_path"]
         self.config = ChangelogConfig.from_dict(info["config"])
@@ -120,56 +123,52 @@ class RayNodeTransport:
         else:
             self.node_name, self._handle, self.chosen_by = find_nearest_node(self.namespace)
         self._stale = False
-        self._open_lane()
 
-    def _open_lane(self) -> None:
-        """(caller holds ``_lock``, or is the constructor) A lane to the node just found, if
-        it offers one on this machine; Ray calls otherwise."""
-        old, self._lane = self._lane, None
-        if old is not None:  # its close waits for calls in flight: not under our lock
-            threading.Thread(target=old.close, daemon=True, name="dstl-lane-close").start()
-        try:
-            info = self._call(self._handle.lane.remote(), timeout=30)
-        except Exception as e:  # noqa: BLE001 - an older node, or a dying one: Ray calls
-            log.debug("node %s offers no lane: %s", self.node_name, e)
-            return
-        if info:
-            self._lane = open_lane(info, self.node_name)
+    def _refresh_lane(self, handle: Any) -> None:
+        """(holding no lock: it asks the node) A lane to the node just found, if it offers
+        one on this machine; the one we have if it still leads to that process."""
+        self._lanes.refresh(self.node_name, handle,
+                            lambda: self._call(handle.lane.remote(), timeout=30))
 
     @property
     def lane(self) -> Lane | None:
         """The open local lane to the node actor (None: Ray calls)."""
-        return self._lane
+        return self._lanes.lane
+
+    def _note_cut(self) -> None:
+        """The lane's process is no longer our node actor: find the node again."""
+        with self._lock:
+            self._stale = True
 
     def _node_call(self, method: str, *args: Any, deadline: float | None = None) -> Any:
         """``method`` of the node actor (a future), over the lane when there is one, else by
         Ray. A lane found closed sent nothing: the call goes by Ray, and the node is found
         again (and a new lane opened) before the next one. ``deadline``: Lane.call's."""
-        handle, lane = self._ensure(), self._lane
+        handle, lane = self._ensure(), self._lanes.lane
         if lane is not None:
             try:
                 return lane.call(method, *args, deadline=deadline)
             except LaneClosedError:
+                self._lanes.discard(lane)  # (not a lane another thread opened since)
                 with self._lock:
-                    if self._lane is lane:  # not a lane another thread opened since
-                        self._lane, self._stale = None, True
+                    self._stale = True
         return getattr(handle, method).remote(*args).future()
 
     def close(self) -> None:
         """Close the lane (the writers of this transport are closed already)."""
-        with self._lock:
-            lane, self._lane = self._lane, None
-        if lane is not None:
-            lane.close()
+        self._lanes.close()
 
     def _ensure(self) -> Any:
         with self._lock:
-            if self._stale:
-                self._connect()
-                for lg in self._logs:
-                    self._call(self._handle.register_writer.remote(lg, self.job_id,
-                                                                  self._caller))
-            return self._handle
+            if not self._stale:
+                return self._handle
+            self._connect()
+            for lg in self._logs:
+                self._call(self._handle.register_writer.remote(lg, self.job_id,
+                                                              self._caller))
+            handle = self._handle
+        self._refresh_lane(handle)
+        return handle
 
     def register(self, log_id: str) -> None:
         for attempt in (1, 2):
@@ -281,7 +280,8 @@ class RayNodeTransport:
 
     def _deliver(self, batch: _Batch, f: concurrent.futures.Future, late: bool) -> None:
         if late:
-            self._release_late(batch, f)
+            if not f.cancelled() and f.exception() is None:
+                self._release_late([r.log_id for r, _ in batch], f.result())
             return
         try:
             e = f.exception()
@@ -300,21 +300,19 @@ class RayNodeTransport:
         except BaseException as e:  # noqa: BLE001 - never leave a writer's future pending
             self._fail(batch, e)
 
-    def _release_late(self, batch: _Batch, f: concurrent.futures.Future) -> None:
-        """A call answered after its deadline failed its requests: the writers re-sent
-        (or will re-send) those changes, so the segments it reports are nobody's; release
-        them unused and their node deletes the files once nothing else is in them."""
-        if f.cancelled() or f.exception() is not None:
+    def _release_late(self, log_ids: list[str], results: Any) -> None:
+        """A call answered after its deadline (or the lane's ``late`` hook: after its future
+        failed) failed its requests: the writers re-sent (or will re-send) those changes, so
+        the segments it reports are nobody's; release them unused and their node deletes the
+        files once nothing else is in them."""
+        if not isinstance(results, list) or len(results) != len(log_ids):
             return
-        results = f.result()
-        if not isinstance(results, list) or len(results) != len(batch):
-            return
-        for (request, _), result in zip(batch, results, strict=True):
+        for log_id, result in zip(log_ids, results, strict=True):
             if isinstance(result, Segment):
                 self.late_released += 1
                 log.info("late answer from %s: releasing %s of log %s unused",
-                         self.node_name, result.path, request.log_id)
-                self.release(result, request.log_id, False)
+                         self.node_name, result.path, log_id)
+                self.release(result, log_id, False)
 
     def _note_unavailable(self, e: BaseException) -> None:
         """A call failed because the node actor is gone: find it (restarted) again next time."""
@@ -340,9 +338,11 @@ class RayNodeTransport:
         (dstl_ray.node.dead_writers); for batching alone a lost mark costs only a delay."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         try:
-            # the same channel as the writer's persist calls
-            answer = self._node_call("mark", self.job_id, log_id, checkpoint_id, self._caller,
-                                     named)
+            # the same channel and deadline as the writer's persist calls: behind a stopped
+            # node, dropped unsent once a persist call would have failed
+            answer = self._node_call(
+                "mark", self.job_id, log_id, checkpoint_id, self._caller, named,
+                deadline=time.monotonic() + self.config.effective_persist_timeout_s)
         except Exception as e:  # noqa: BLE001 - the node is gone
             log.debug("mark of %s failed: %s", log_id, e)
             done.set_exception(PersistError(f"mark of log {log_id} for checkpoint "

@@ -71,3 +71,30 @@ def test_a_server_records_its_owner(tmp_path):
         await server.close()
 
     asyncio.run(run())
+
+
+def test_an_owner_record_is_whole_or_absent(tmp_path, monkeypatch):
+    """The record is written under a temporary name and renamed into place. Before the fix it
+    was written in place: a start that failed (or a process killed) half way left a
+    directory whose ``owner.json`` was half written."""
+    import asyncio
+    import tempfile
+
+    from dstl_ray.node import lane_server
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def dies_half_way(record, f):
+        f.write(json.dumps(record)[:10])
+        f.flush()
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(lane_server.json, "dump", dies_half_way)
+    server = lane_server.LaneServer("node-h", {})
+    try:
+        asyncio.run(server.start())
+    except OSError:
+        pass
+    half = [d for d in tmp_path.iterdir() if (d / OWNER_FILE).exists()]
+    assert half == [], "a half written owner record"
+    assert server.path is None and not list(tmp_path.iterdir())  # its directory went too

@@ -20,6 +20,7 @@ from dstl_ray.log.handle import Segment
 from dstl_ray.node import peers as peers_mod
 from dstl_ray.node.lane_server import LaneServer
 from dstl_ray.node.namespaces import Caller
+from dstl_ray.transport import lane_watch
 from dstl_ray.transport.base import PersistRequest
 from dstl_ray.transport.lane import LaneClosedError
 
@@ -53,7 +54,7 @@ def _wait(cond, what: str, timeout: float = 5.0) -> None:
 
 @pytest.fixture
 def zombie(monkeypatch):
-    monkeypatch.setattr(peers_mod, "LANE_CHECK_S", 0.05)
+    monkeypatch.setattr(lane_watch, "LANE_CHECK_S", 0.05)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -76,7 +77,8 @@ def zombie(monkeypatch):
 
     run(server.start())
     ray_says = {"state": ("ALIVE", os.getpid())}  # Ray's actor table for node-a's actor
-    p = peers_mod.Peers("ns", actor_state=lambda handle: ray_says["state"])
+    p = peers_mod.Peers("ns", actor_state=lambda handle: ray_says["lookup"](handle)
+                        if "lookup" in ray_says else ray_says["state"])
     p.actor = {"node-a": _Handle(server.info())}.__getitem__  # type: ignore[method-assign]
 
     async def open_lane():
@@ -88,7 +90,7 @@ def zombie(monkeypatch):
         return p.send("node-a", "persist_many", [_req(tag)], timeout_s=30)
 
     yield types.SimpleNamespace(p=p, run=run, open=lambda: run(open_lane()),
-                                send=lambda tag: run(send(tag)), ray_says=ray_says,
+                                send=lambda tag: run(send(tag)), ray_says=ray_says, loop=loop,
                                 hold=hold, released=released, server=server)
     hold.set()
     p.close()
@@ -107,7 +109,7 @@ def test_a_lane_to_a_process_that_is_no_longer_the_actor_is_cut(zombie, state):
     assert zombie.p.lanes.get("node-a") is lane and zombie.p.cut == 0
     zombie.ray_says["state"] = state  # the node was declared dead / the actor restarted
     _wait(lambda: lane.closed is not None, "the lane to the zombie was not cut")
-    assert zombie.p.cut == 1 and "node-a" not in zombie.p.lanes
+    _wait(lambda: zombie.p.cut == 1 and "node-a" not in zombie.p.lanes, "not forgotten")
     with pytest.raises(LaneClosedError):
         held.result(5)  # the child flushes this batch itself
     zombie.hold.set()  # the old process finishes the call: nobody may name its file
@@ -120,9 +122,9 @@ def test_a_retiring_lane_is_cut_too(zombie):
     held, _ = zombie.send("hold")
     zombie.p.drop("node-a")  # a call failed: the lane retires, delivering late answers
     time.sleep(0.3)
-    assert lane.closed is None and lane in zombie.p.retiring
+    assert not lane.done and lane in zombie.p.retiring
     zombie.ray_says["state"] = ("DEAD", 0)
-    _wait(lambda: lane.closed is not None, "the retiring lane to the zombie was not cut")
+    _wait(lambda: lane.done, "the retiring lane to the zombie was not cut")
     with pytest.raises(LaneClosedError):
         held.result(5)
     zombie.hold.set()
@@ -136,3 +138,46 @@ def test_an_unreadable_actor_table_keeps_the_lane(zombie):
     assert lane.closed is None and zombie.p.cut == 0
     fut, by_lane = zombie.send("quick")
     assert by_lane and fut.result(5) == [_seg("quick")]
+
+
+@pytest.mark.parametrize("state", [("ALIVE", 0), ("", 0), ("PENDING_CREATION", 0)])
+def test_an_entry_without_a_pid_or_a_known_state_keeps_the_lane(zombie, state):
+    """Only DEAD or RESTARTING, or a nonzero pid other than the lane's, cut a lane. Before
+    the fix anything but ALIVE with the lane's pid did: an entry without a pid (the actor
+    table is a private Ray API) cut every lane at every check, and each cut made the
+    children flush their batches themselves."""
+    lane = zombie.open()
+    zombie.ray_says["state"] = state
+    time.sleep(0.4)  # several checks
+    assert lane.closed is None and zombie.p.cut == 0 and zombie.p.alive("node-a")
+    fut, by_lane = zombie.send("quick")
+    assert by_lane and fut.result(5) == [_seg("quick")]
+
+
+def test_a_hung_lookup_blocks_only_the_watchs_own_thread(zombie, monkeypatch):
+    """Ray's actor-table lookup has no timeout of its own (an unreachable GCS). Before the
+    fix every check ran it in the loop's default executor under a wait_for: each check
+    that timed out left a thread blocked there, until uploads, appends and releases, which
+    use that executor too, waited behind them. Now one thread of the watch's own looks up,
+    one lookup at a time."""
+    monkeypatch.setattr(peers_mod, "LANE_OPEN_TIMEOUT_S", 0.1)  # (the old check's wait_for)
+    lane = zombie.open()
+    hung, threads = threading.Event(), []
+
+    def lookup(handle):
+        threads.append(threading.current_thread().name)
+        hung.wait(30)
+        return None
+
+    zombie.ray_says["lookup"] = lookup
+    try:
+        time.sleep(1.5)  # thirty checks' time
+        assert len(threads) == 1 and threads[0].startswith("dstl-"), threads
+        # the loop's executor is free for the node's work (flush, release) meanwhile
+        work = asyncio.run_coroutine_threadsafe(asyncio.to_thread(lambda: "done"), zombie.loop)
+        assert work.result(2) == "done"
+    finally:
+        hung.set()
+    del zombie.ray_says["lookup"]
+    time.sleep(0.3)
+    assert lane.closed is None and zombie.p.cut == 0

@@ -98,3 +98,23 @@ def test_section_sqns_and_a_mark_with_blobs_are_refused():
 def test_a_well_formed_frame_still_decodes():
     reqs = [_req("first"), _req("second")]
     assert decode_call(encode_call(1, "persist_many", (reqs,))) == (1, "persist_many", (reqs,))
+
+
+def test_an_index_entry_of_another_log_is_refused():
+    """Before the fix an entry naming another log's id decoded: the node would have indexed
+    this request's bytes as that log's block."""
+    def edit(h):
+        h["r"][0]["sec"]["idx"][0][0] = "ff" * 16
+
+    with pytest.raises(DstlError, match="index entry of log ffff.* in a section of log 0001"):
+        decode_call(_edited("persist_many", edit))
+
+
+@pytest.mark.parametrize("sqns", [[0, 2], [1, 3], [0, 5]])
+def test_index_entry_sqns_outside_their_sections_are_refused(sqns):
+    """The section holds sqns 1..2; before the fix an entry claiming others decoded."""
+    def edit(h):
+        h["r"][0]["sec"]["idx"][0][2:4] = sqns
+
+    with pytest.raises(DstlError, match=f"sqns {sqns[0]}..{sqns[1]}.* section's sqns 1..2"):
+        decode_call(_edited("persist_batch", edit))

@@ -1,0 +1,140 @@
+"""Lanes tied to the process they were opened to (docs/architecture.md "Write path" 2 and 4):
+the one check both a writer's lane and a node's lanes to its peers go through.
+
+A lane leads to the process that answered ``lane()`` (its pid), while everything else
+(releases, registrations, a new lane) goes to whatever process the actor's NAME means now.
+So every LANE_CHECK_S each lane, open or still delivering answers after it was closed, is
+checked against Ray's actor table, and cut once Ray holds that actor DEAD or RESTARTING, or
+runs it in another process (a nonzero pid other than the lane's): its Ray node was declared
+dead while the old process runs on (a zombie), or it was restarted elsewhere. Anything else
+keeps the lane: a peer that is only stalled stays ALIVE in Ray, and an entry without a pid
+(the table is a private Ray API) proves nothing.
+
+The lookups run on ONE thread of the watch's own, one at a time: a lookup has no timeout of
+its own, and with Ray's GCS unreachable it blocks that thread only (the next check waits for
+it), never a pool that uploads, appends or releases also need.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .lane import Lane
+
+log = logging.getLogger(__name__)
+
+LANE_CHECK_S = 2.0  # how often a lane's peer is checked against Ray's actor table
+
+# (state, pid) Ray's actor table holds for an actor handle's actor; None: not known
+ActorState = Callable[[Any], "tuple[str, int] | None"]
+# a lane whose process is no longer its actor: (the lane, what it was added with, why)
+OnCut = Callable[[Lane, Any, str], None]
+
+
+def ray_actor_state(handle: Any) -> tuple[str, int] | None:
+    """(state, pid) Ray's actor table holds for the actor behind ``handle`` ("DEAD", 0 when
+    it has no entry); None when the table could not be read (then nothing is concluded)."""
+    try:
+        from ray._private.state import state
+
+        info = state.actor_table(handle._actor_id.hex())
+    except Exception as e:  # noqa: BLE001 - no answer: the lane stays
+        log.debug("actor table lookup failed: %s", e)
+        return None
+    if not info:
+        return "DEAD", 0
+    return str(info.get("State", "")), int(info.get("Pid") or 0)
+
+
+def gone(got: tuple[str, int] | None, lane_pid: int | None) -> str | None:
+    """Why a lane to ``lane_pid`` no longer leads to its actor, by Ray's ``got`` (state,
+    pid); None keeps it. Only DEAD or RESTARTING, or a nonzero pid other than the lane's, cut
+    a lane: anything unknown (no answer, no pid, a state this code does not know) keeps it,
+    for cutting a lane to a live node makes its callers flush themselves for nothing."""
+    if got is None:
+        return None
+    state, pid = got
+    if state in ("DEAD", "RESTARTING"):
+        return f"Ray holds its actor {state}"
+    if pid and lane_pid is not None and pid != lane_pid:
+        return f"Ray's actor now runs in process {pid}"
+    return None
+
+
+class LaneWatch:
+    """Checks the lanes added to it, on a thread of its own while it has any; calls
+    ``on_cut`` (on that thread) for each lane it cut. A lane leaves the watch once it has
+    ended (:attr:`Lane.done`), so a closed lane still delivering answers stays watched."""
+
+    def __init__(self, on_cut: OnCut, actor_state: ActorState | None = None,
+                 name: str = "dstl-lane-watch") -> None:
+        self._on_cut = on_cut
+        self.actor_state = actor_state or ray_actor_state  # (tests give their own)
+        self.name = name
+        self._lock = threading.Lock()
+        self._lanes: dict[Lane, tuple[Any, Any]] = {}  # lane -> (actor handle, tag)
+        self._last: dict[Lane, tuple[str, int] | None] = {}
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.lookups = 0
+
+    def add(self, lane: Lane, handle: Any, tag: Any = None) -> None:
+        """Watch ``lane``, opened to the actor behind ``handle`` (its id, not its name)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._lanes[lane] = (handle, tag)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name=self.name)
+                self._thread.start()
+
+    def last(self, lane: Lane) -> tuple[str, int] | None:
+        """What Ray's actor table said of ``lane``'s actor at its last check (None: not
+        checked yet, or no answer)."""
+        return self._last.get(lane)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lanes.clear()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(LANE_CHECK_S)
+            with self._lock:
+                for ln in [ln for ln in self._lanes if ln.done]:
+                    del self._lanes[ln]
+                    self._last.pop(ln, None)
+                if not self._lanes:
+                    self._thread = None
+                    return
+                lanes = list(self._lanes.items())
+            for ln, (handle, tag) in lanes:
+                self.check(ln, handle, tag)
+
+    def check(self, ln: Lane, handle: Any, tag: Any = None) -> None:
+        """One lookup of ``ln``'s actor; cuts the lane if its process is gone."""
+        if ln.done:
+            return
+        try:
+            self.lookups += 1
+            got = self.actor_state(handle)
+        except Exception as e:  # noqa: BLE001 - unknown: the lane stays
+            log.debug("cannot check the lane to %s: %s", ln.node, e)
+            return
+        self._last[ln] = got
+        why = gone(got, ln.peer_pid)
+        if why is None:
+            return
+        log.warning("cutting the lane to %s (pid %s): %s", ln.node, ln.peer_pid, why)
+        with self._lock:
+            self._lanes.pop(ln, None)
+        ln.cut(why)
+        try:
+            self._on_cut(ln, tag, why)
+        except Exception as e:  # noqa: BLE001 - the lane is cut all the same
+            log.warning("after cutting the lane to %s: %s", ln.node, e)

@@ -1,0 +1,220 @@
+"""A writer process's lane to its node actor (dstl_ray.transport.lane_holder) through the
+real transport (RayNodeTransport) and a real lane server, Ray's calls answered by a stand-in
+node handle: finding the node again keeps a lane that still leads to its process, retires
+one that does not (its calls in flight still answered), a lane whose process Ray holds dead
+is cut, and a mark behind a stopped node is dropped unsent by the persist deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import ray
+
+from dstl_ray import ChangelogConfig
+from dstl_ray.errors import PersistError
+from dstl_ray.format.changelog import BlockIndex, EncodedSection
+from dstl_ray.log.handle import Segment
+from dstl_ray.node.lane_server import LaneServer
+from dstl_ray.node.namespaces import Caller
+from dstl_ray.transport import lane_watch
+from dstl_ray.transport import ray as transport_mod
+from dstl_ray.transport.base import PersistRequest
+from dstl_ray.transport.lane import LaneClosedError
+
+BIG = 16 << 20
+
+
+def _req(tag: str, size: int = 8) -> PersistRequest:
+    log = bytes(range(16))
+    body = os.urandom(size)
+    section = EncodedSection(log, body, (BlockIndex(log, 3, 1, 2, 0, len(body)),), 1, 2, 0)
+    return PersistRequest("J", section, tag, (), 7)
+
+
+def _seg(tag: str) -> Segment:
+    return Segment(f"dstl/node-a/{tag}.dstl", 0, 8, 1, 2, "dstl-node-a")
+
+
+class _Server:
+    """A node actor's lane server on a loop of its own, which the test can block."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.seen: list[str] = []
+        self.hold = threading.Event()
+        self.released: list = []
+
+        async def persist_many(requests):
+            tags = [r.source for r in requests]
+            self.seen.extend(tags)
+            if "hold" in tags:
+                await asyncio.to_thread(self.hold.wait, 30)
+            return [_seg(t) for t in tags]
+
+        async def mark(job_id, source, checkpoint_id, caller=None, named=None):
+            self.seen.append(f"mark-{checkpoint_id}")
+
+        async def release(requests, results):
+            self.released.append(([r.source for r in requests], results))
+
+        self.server = LaneServer("dstl-node-a", {"persist_many": persist_many, "mark": mark},
+                                 release=release)
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(10)
+
+    def stall(self, seconds: float) -> None:
+        self.loop.call_soon_threadsafe(time.sleep, seconds)
+
+    def stop(self) -> None:
+        self.hold.set()
+        asyncio.run_coroutine_threadsafe(self.server.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+class _Ref:
+    def __init__(self, get: Callable[[], Any]) -> None:
+        self.get = get
+
+    def future(self) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            fut.set_result(self.get())
+        except Exception as e:  # noqa: BLE001
+            fut.set_exception(e)
+        return fut
+
+
+class _Handle:
+    """The node actor's Ray handle: each method's ``remote()`` gives a ref ray.get reads."""
+
+    def __init__(self, server: _Server, config: ChangelogConfig, base: str) -> None:
+        self.lane_info = server.server.info()
+        self.register_timeouts = 0  # this many register_writer calls time out
+        self.released: list = []
+
+        def method(fn: Callable[..., Any]) -> Any:
+            return types.SimpleNamespace(remote=lambda *a: _Ref(lambda: fn(*a)))
+
+        def register_writer(*args: Any) -> bool:
+            if self.register_timeouts:
+                self.register_timeouts -= 1
+                raise ray.exceptions.GetTimeoutError("the node is stalled")
+            return False
+
+        self.info = method(lambda: {"base_path": base, "config": config.to_dict()})
+        self.lane = method(lambda: self.lane_info)
+        self.register_writer = method(register_writer)
+        self.unregister_writer = method(lambda *a: None)
+        self.release = method(lambda *a: self.released.append(a))
+
+
+@pytest.fixture
+def writer(tmp_path, monkeypatch) -> Iterator[types.SimpleNamespace]:
+    monkeypatch.setattr(lane_watch, "LANE_CHECK_S", 0.05)
+    ray_says = {"state": ("ALIVE", os.getpid())}  # Ray's actor table for the node's actor
+    monkeypatch.setattr(lane_watch, "ray_actor_state", lambda handle: ray_says["state"])
+    server = _Server()
+    handle = _Handle(server, ChangelogConfig(persist_timeout_s=2.0), f"file://{tmp_path}")
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: handle)
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: ref.get())
+    monkeypatch.setattr(transport_mod, "current_caller", lambda ns=None: Caller("ns"))
+    t = transport_mod.RayNodeTransport("J", "ns", node_name="dstl-node-a")
+    others: list[_Server] = []
+    yield types.SimpleNamespace(t=t, server=server, handle=handle, others=others,
+                                ray_says=ray_says)
+    t.close()
+    for s in [server, *others]:
+        s.stop()
+
+
+def _wait(cond, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_finding_a_stalled_node_again_keeps_its_lane_and_the_calls_in_flight(writer):
+    """A registration timed out against a node that is only stalled: the transport finds
+    its node again. Before the fix that closed the lane (after 5 s, failing the persist
+    calls in flight with LaneClosedError before their deadline) and opened another, asking
+    the node for it while holding the transport's lock."""
+    t, server = writer.t, writer.server
+    lane = t.lane
+    assert lane is not None
+    held = t.send(_req("hold"))
+    _wait(lambda: "hold" in server.seen, "the node never took the call")
+    writer.handle.register_timeouts = 1
+    t.register("w2")  # times out once: the transport finds its node again
+    assert t.lane is lane and lane.closed is None
+    assert t.send(_req("next")).result(5) == _seg("next")
+    server.hold.set()
+    assert held.result(5) == _seg("hold")
+    assert server.server.stats()["connections"] == 1
+
+
+def test_a_lane_to_another_process_is_retired_its_calls_still_answered(writer):
+    """The actor now runs in another process (another lane server): a new lane is opened to
+    it and the old one retires, delivering the answers of its calls in flight until their
+    deadline, not cut off at once."""
+    t, server = writer.t, writer.server
+    old = t.lane
+    held = t.send(_req("hold"))
+    _wait(lambda: "hold" in server.seen, "the node never took the call")
+    moved = _Server()
+    writer.others.append(moved)
+    writer.handle.lane_info = dict(moved.server.info(), pid=os.getpid() + 1)
+    writer.handle.register_timeouts = 1
+    t.register("w2")
+    assert t.lane is not None and t.lane is not old and old.closed is not None
+    assert t.send(_req("next")).result(5) == _seg("next") and moved.seen == ["next"]
+    server.hold.set()
+    assert held.result(5) == _seg("hold")  # answered over the retiring lane
+    _wait(lambda: old.done, "the retired lane did not end")
+    assert not server.released
+
+
+def test_a_writer_lane_whose_process_ray_holds_dead_is_cut(writer):
+    """Before the fix only node-to-node lanes were checked: a writer kept persisting to a
+    zombie node (its Ray node declared dead while its process ran on)."""
+    t, server = writer.t, writer.server
+    lane = t.lane
+    held = t.send(_req("hold"))
+    _wait(lambda: "hold" in server.seen, "the node never took the call")
+    writer.ray_says["state"] = ("DEAD", 0)
+    _wait(lambda: lane.closed is not None, "the lane to the zombie was not cut")
+    with pytest.raises(LaneClosedError):
+        held.result(5)  # the writer sends these changes again with its next request
+    assert t.lane is None
+    server.hold.set()  # the zombie finishes: nobody gets its answer, it releases the file
+    _wait(lambda: server.released, "the zombie did not release the undelivered answer")
+
+
+def test_a_mark_behind_a_stopped_node_is_dropped_unsent_by_the_persist_deadline(writer):
+    """A persist call larger than the socket's buffers is on its way to a stalled node and
+    a mark is queued behind it. Before the fix marks had no deadline: it went whenever the
+    node read again."""
+    t, server = writer.t, writer.server
+    server.stall(4.0)
+    time.sleep(0.1)
+    big = t.send(_req("big", BIG))
+    lane = t.lane
+    _wait(lambda: any(o.sent for o in lane._queue), "the big frame never began")
+    mark = t.mark("w1", 3)
+    with pytest.raises(PersistError, match="DeadlineError"):
+        mark.result(10)
+    with pytest.raises(PersistError):
+        big.result(10)  # (its persist deadline passed too: sent again with the next one)
+    _wait(lambda: "big" in server.seen, "the node never took the call", timeout=15)
+    time.sleep(0.5)
+    assert "mark-3" not in server.seen
