@@ -40,6 +40,22 @@ def _fail_future(fut: concurrent.futures.Future, e: BaseException) -> None:
         fut.set_exception(e)
 
 
+def get_while_restarting(call: Any, timeout: float = 60.0) -> Any:
+    """``ray.get(call())``, calling again while the actor is restarting (Ray's
+    ``ActorUnavailableError``: a node actor killed a moment ago comes back), until
+    ``timeout``; then the last error."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(call(), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def ensure_ray(namespace: str, address: str | None = None) -> None:
     """Connect this process to the Ray cluster if it is not connected yet: ``address``, else
     ``RAY_ADDRESS``, else a cluster started with ``ray start`` on this machine, else a new
@@ -96,8 +112,8 @@ class RayNodeTransport:
         # node actors admit a job only from its own namespace (dstl_ray.node.namespaces)
         self._caller = current_caller(caller_namespace)
         self._connect()
+        info = get_while_restarting(self._handle.info.remote)  # first: it waits for a restart
         self._refresh_lane(self._handle)
-        info = self._call(self._handle.info.remote())
         self.base_path: str = info["base_path"]
         self.config = ChangelogConfig.from_dict(info["config"])
         self.job_path = join(self.base_path, job_id)
