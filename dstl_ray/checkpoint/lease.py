@@ -317,7 +317,7 @@ class JobLease:
                         return
                     if self._age() >= RENEW_AT * self.ttl_s and not self._renew_locked():
                         return
-            except DstlError as e:  # storage trouble: try again; validity is the limit
+            except DstlError as e:  # storage trouble: try again until the renewal deadline
                 log.warning("cannot renew job lease %s: %s", self.url, e)
                 if stop.wait(retry):
                     return
