@@ -318,14 +318,23 @@ def test_a_fenced_coordinator_tells_its_backends_no_subsumed_watermark(tmp_path)
     b = coord.restore(client("job", base), "op", 1, materialization_interval=None)[0]
     b.value_state("v").update("k", 1)
     coord.trigger_checkpoint().result(timeout=30)
-    time.sleep(0.2)  # the checkpoint's done-callback has run
-    told: list[int] = []
-    b.notify_checkpoint_subsumed = told.append  # the merged-file pool deletes by it
+    told_while_fenced: list[int] = []
+
+    def notify(watermark: int) -> None:  # the merged-file pool deletes by it
+        if coord.lease.fenced:
+            told_while_fenced.append(watermark)
+
+    b.notify_checkpoint_subsumed = notify
     _take_over(coord)
-    with pytest.raises(d.CheckpointDeclinedError, match="taken over"):
+    with pytest.raises(JobLeaseError, match="taken over"):
+        coord.lease.check(force=True)
+    with pytest.raises(d.CheckpointDeclinedError, match="fenced"):
         coord.trigger_checkpoint().result(timeout=30)
-    time.sleep(0.2)  # the declined checkpoint's done-callback has run
-    assert told == []
+    deadline = time.monotonic() + 10
+    while coord._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the declined checkpoint's done-callback (_forget) has run
+    assert told_while_fenced == []
     coord.abandon()
 
 
