@@ -35,7 +35,7 @@ from ..storage.base import join, normalize_url
 from ..storage.registry import get_storage
 from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, release_backend_dir
 from .lease import Incarnation, JobLease
-from .lease_record import EPOCHS_DIR
+from .lease_epochs import EPOCHS_DIR
 from .pending import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     PendingCheckpoint,
@@ -109,9 +109,9 @@ class CheckpointCoordinator:
             max_concurrent + 2, thread_name_prefix="dstl-cc")
         self._commit_lock = threading.Lock()
         # one live driver per job; taken when the job starts (restore, first checkpoint); its
-        # epochs count on in {base}/_epochs/, outside the job directory
+        # epochs are claimed in {base}/_epochs/{job}/, outside the job directory
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
-                              epoch_url=join(self.base_path, EPOCHS_DIR, f"{job_id}.epoch"))
+                              epochs_url=join(self.base_path, EPOCHS_DIR, job_id))
         self.declined = 0
 
     # ------------------------------------------------------------------ incarnation
@@ -151,7 +151,15 @@ class CheckpointCoordinator:
             return min(ids) - 1 if ids else -1
 
     def _notify_subsumed(self) -> None:
-        """Tell every backend the watermark (each call carries all earlier ones)."""
+        """Tell every backend the watermark (each call carries all earlier ones). Backends
+        delete files by it (merged files past their last use) without asking the lease
+        again, so only a driver that still holds the job validly tells them anything."""
+        try:
+            self.lease.check()
+        except DstlError as e:  # fenced, or unsure: the next driver's recovery decides
+            log.log(logging.WARNING if self.lease.fenced else logging.DEBUG,
+                    "not notifying the subsumed watermark: %s", e)
+            return
         wm = self.subsumed_watermark()
         with self._lock:
             backends = list(self.backends)
@@ -361,9 +369,8 @@ class CheckpointCoordinator:
                                                         self.max_parallelism,
                                                         **backend_options))
         chosen = plan.chosen
-        if plan.drop:
-            self.lease.check()  # a fenced driver deletes nothing
         for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
+            self.lease.check()  # per delete: a driver fenced meanwhile deletes nothing more
             delete_metadata(c.metadata_url)
         register_kept(plan, self.registry)  # before anyone can see (and drop) them retained
         with self._lock:

@@ -5,31 +5,36 @@ the orphan cleanup of FLIP-158 "Cleanup after recovery", which deletes every fil
 checkpoint *it* retains names: the second driver would delete the first one's in-flight
 changelog and state files. Flink avoids this with leader election of its JobMaster; dstl-ray
 has no cluster service of its own, so the coordinator holds a lease, ``{job}/_lease``, renewed
-in the background. Chubby's and ZooKeeper's sessions are the models; no decision compares two
-hosts' clocks (docs/architecture.md "Many jobs, one tree"):
+in the background, and each incarnation claims its epoch in a file created only if absent
+(:mod:`~dstl_ray.checkpoint.lease_epochs`). Chubby's and ZooKeeper's sessions are the models;
+no decision compares two hosts' clocks (docs/architecture.md "Many jobs, one tree"):
 
-* ``acquire`` takes a record that is absent, released or whose holder is known dead at once;
-  a live-looking one it watches (:func:`~dstl_ray.checkpoint.lease_record.watch`): changed
-  within its TTL refuses with :class:`JobLeaseError` naming the holder, unchanged for a full
-  TTL on this process's monotonic clock is taken over. The record is then written (created
-  only if absent where the store can) and read back after a short settle time, so of two
-  drivers starting at once only one keeps it.
-* The holder judges its own validity on its own monotonic clock: it is valid for half its
-  TTL from the *start* of its last successful renewal. A renewal that could not complete in
-  that time, however it ends, fences the holder for good (it cannot know whether someone
-  took over), and so does a renewal that finds another holder's record or none at all.
-  :meth:`JobLease.check`, called before every ``_metadata`` write and every delete (the
+* ``acquire`` takes the job at once when nobody ever held it or the newest epoch's holder is
+  released or known dead; otherwise it watches the lease
+  (:func:`~dstl_ray.checkpoint.lease_record.watch`): changed within its TTL refuses with
+  :class:`JobLeaseError` naming the holder, unchanged for a full TTL on this process's
+  monotonic clock is taken over. It then claims the next epoch (one above the newest claim):
+  of two drivers deciding at once only one creates that claim, the other is refused.
+* The holder judges its own validity on its own monotonic clock: it acts for half its TTL
+  from the start of its last successful renewal write. A renewal counts if it found no newer
+  claim and no newer record, and its write returned within 0.8 TTL of the previous renewal
+  write's start: an observer's final read of the previous record comes at least a full TTL
+  after that start, so it sees the new one. A renewal later than that fences the holder for
+  good (it cannot know whether someone took over), and so does a newer claim or record. A
+  record of an older epoch, or none (a late write or delete of a driver taken over since),
+  is written over: the higher epoch wins.
+* :meth:`JobLease.check`, called before every ``_metadata`` write and every delete (the
   background deleter's included), renews first when the last renewal is older than a
-  quarter of the TTL, and refuses once the holder is fenced or past its validity. An
-  observer takes over no earlier than a full TTL after the holder's last renewal began, so
-  a step that passed ``check`` has at least half a TTL to land first.
+  quarter of the TTL (or past its validity), refuses once fenced, and checks the fencing
+  token: claim ``epoch + 1`` absent. An observer takes over no earlier than a full TTL after
+  the holder's last renewal write began, so a step that passed ``check`` has at least half
+  a TTL to land first.
 
-Every acquisition starts a new **incarnation** of the job, ``{epoch}-{holder}``, the epoch one
-above the job's counters in storage (the lease record and ``{base}/_epochs/{job}.epoch``,
-never the wall clock). Node actors keep a job's state (batching knowledge, merged changelog
-files, the subsumed watermark) per incarnation and start clean when a newer one appears, so a
-job id reused after DELETE_ON_CANCELLATION never has its new files freed with the old run's
-knowledge (docs/architecture.md "Many jobs, one tree").
+Every acquisition starts a new **incarnation** of the job, ``{epoch}-{holder}``, its epoch
+claimed in storage (never the wall clock). Node actors keep a job's state (batching
+knowledge, merged changelog files, the subsumed watermark) per incarnation and start clean
+when a newer one appears, so a job id reused after DELETE_ON_CANCELLATION never has its new
+files freed with the old run's knowledge (docs/architecture.md "Many jobs, one tree").
 """
 
 from __future__ import annotations
@@ -44,19 +49,20 @@ from collections.abc import Callable
 
 from ..errors import DstlError, JobLeaseError
 from ..process_identity import HOST, MACHINE, start_time
-from ..storage.base import Storage, join
+from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
+from .lease_epochs import EpochClaims, default_epochs_url
 from .lease_record import (
     LEASE_FILE,
     LEASE_VERSION,
     LOCAL_HOLDERS,
     Incarnation,
-    default_epoch_url,
+    View,
     describe,
-    read_epoch,
     read_record,
+    record_epoch,
+    taking,
     watch,
-    write_epoch,
 )
 
 __all__ = ["LEASE_FILE", "Incarnation", "JobLease"]
@@ -65,31 +71,33 @@ log = logging.getLogger(__name__)
 
 RENEW_AT = 0.2  # the background renewer renews when the last renewal is this old (x TTL)
 CHECK_RENEW_AT = 0.25  # check() renews synchronously past this age (x TTL)
-VALID_FOR = 0.5  # the holder's own validity from the start of its last renewal (x TTL)
+VALID_FOR = 0.5  # the holder acts until this long after its last renewal write began (x TTL)
+RENEW_BY = 0.8  # a renewal counts if its write returned within this of the last one's start
+# the previous version of the lease took a record whose wall-clock ``renewed_at`` was more
+# than its TTL behind its own clock as dead; this is no time but a marker far in the future,
+# so such a driver never takes a live job of this version (it watches nothing, it refuses)
+OLD_DRIVERS_REFUSE = 1e300
 
-# the newest epoch this process gave out per counter: two incarnations of one job started by
-# one process must be ordered even if its counter was deleted in between
-_epoch_floor: dict[str, int] = {}
-_epoch_lock = threading.Lock()
 _STARTED = start_time(os.getpid())
 
 
 class JobLease:
     """The lease of one job held by one coordinator (see the module docstring). ``clock``
-    is this process's monotonic clock (injected by tests, with ``sleep``)."""
+    is this process's monotonic clock (injected by tests, with ``sleep``); ``epochs_url`` is
+    the job's claims directory (default ``{base}/_epochs/{job}`` from ``job_path``)."""
 
     def __init__(self, job_path: str, *, ttl_s: float = 30.0, settle_s: float = 0.05,
-                 storage: Storage | None = None, epoch_url: str | None = None,
+                 storage: Storage | None = None, epochs_url: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         if not ttl_s > 0:
             raise DstlError(f"lease ttl_s must be > 0, got {ttl_s!r}")
         self.job_path = job_path
         self.url = join(job_path, LEASE_FILE)
-        self.epoch_url = epoch_url or default_epoch_url(job_path)
         self.ttl_s = float(ttl_s)
-        self.settle_s = settle_s
         self.storage = storage or get_storage(job_path)
+        self.claims = EpochClaims(self.storage, epochs_url or default_epochs_url(job_path),
+                                  settle_s=settle_s, clock=clock, sleep=sleep)
         self.clock = clock
         self.sleep = sleep
         self.holder = uuid.uuid4().hex[:16]
@@ -97,7 +105,7 @@ class JobLease:
         self.fenced: str | None = None  # why this holder lost the job (for good)
         self._active = False
         self._taking = False
-        self._valid_from = 0.0  # start of the last successful renewal (self.clock)
+        self._valid_from = 0.0  # start of the last successful renewal write (self.clock)
         self._renewals = 0
         self._lock = threading.RLock()  # one renewal at a time; release waits for it
         self._stop = threading.Event()
@@ -110,12 +118,19 @@ class JobLease:
         when it cannot be read."""
         return read_record(self.storage, self.url)
 
-    def _record(self, **extra: object) -> bytes:
+    def view(self) -> View:
+        """What an observer judges: the record and the newest epoch claim."""
+        return View(self.read(), self.claims.newest())
+
+    def _holder_fields(self) -> dict:
         assert self.incarnation is not None
-        return json.dumps({"version": LEASE_VERSION, "holder": self.holder,
-                           "epoch": self.incarnation.epoch, "host": HOST,
-                           "machine": MACHINE, "pid": os.getpid(), "started": _STARTED,
-                           "ttl_s": self.ttl_s, "renewal": self._renewals,
+        return {"holder": self.holder, "epoch": self.incarnation.epoch, "host": HOST,
+                "machine": MACHINE, "pid": os.getpid(), "started": _STARTED,
+                "ttl_s": self.ttl_s}
+
+    def _record(self, **extra: object) -> bytes:
+        return json.dumps({"version": LEASE_VERSION, **self._holder_fields(),
+                           "renewal": self._renewals, "renewed_at": OLD_DRIVERS_REFUSE,
                            **extra}).encode()
 
     def _age(self) -> float:
@@ -137,6 +152,11 @@ class JobLease:
         finds its record refuses at once."""
         return self._taking or self.holds_validly()
 
+    def gone(self) -> bool:
+        """It can never act again (fenced, released, abandoned, or silent for a full TTL):
+        another lease of this process may take the job at once."""
+        return not self._taking and (not self._active or self._age() >= self.ttl_s)
+
     def acquire(self, renew: bool = True) -> Incarnation:
         """Take the job for a new incarnation, or raise :class:`JobLeaseError` (watching a
         live-looking lease may take up to its TTL)."""
@@ -146,22 +166,20 @@ class JobLease:
                 return self.incarnation
             if self.fenced is not None:
                 raise JobLeaseError(f"{self.fenced}; start a new coordinator")
-            old = watch(self.read, self.ttl_s, self.clock, self.sleep, self.job_path)
-            self.incarnation = Incarnation(self._next_epoch(old), self.holder)
-            self._renewals = 0
-            start = self.clock()
-            self._taking = True  # another lease of this process finds it alive meanwhile
-            LOCAL_HOLDERS[self.holder] = self
-            try:
-                self._take(old)
-            except BaseException:
-                LOCAL_HOLDERS.pop(self.holder, None)
-                self.incarnation = None  # not this driver's: a retry starts a new one
-                raise
-            finally:
-                self._taking = False
-            self._active = True
-            self._valid_from = start
+            with taking(normalize_url(self.url), self.holder, self.job_path):
+                old = watch(self.view, self.ttl_s, self.clock, self.sleep, self.job_path)
+                self.incarnation = Incarnation(self._next_epoch(old), self.holder)
+                self._renewals = 0
+                self._taking = True  # another lease of this process finds it alive meanwhile
+                LOCAL_HOLDERS[self.holder] = self
+                try:
+                    self._take()
+                except BaseException:
+                    LOCAL_HOLDERS.pop(self.holder, None)
+                    self.incarnation = None  # not this driver's: a retry starts a new one
+                    raise
+                finally:
+                    self._taking = False  # after _active: never a moment not alive
         if renew:  # its own stop event: a renewer of an earlier acquisition may linger
             self._stop = threading.Event()
             self._renewer = threading.Thread(target=self._renew_loop, args=(self._stop,),
@@ -170,64 +188,67 @@ class JobLease:
         log.info("job %s: incarnation %s", self.job_path, self.incarnation)
         return self.incarnation
 
-    def _take(self, old: dict | None) -> None:
-        """Write this holder's record over ``old`` (None: create it), or raise."""
-        create = getattr(self.storage, "create_file", None)
-        if old is None and create is not None:
-            # where the store can create a name only if absent, two drivers starting at
-            # once cannot both succeed
-            if not create(self.url, self._record()):
-                raise JobLeaseError(f"job directory {self.job_path} was taken by another "
-                                    f"driver while this one started")
-            return
-        t0 = self.clock()
-        self.storage.write_file(self.url, self._record())
-        # two drivers that wrote at once: the last write wins; wait long enough for a
-        # write as slow as ours to land before reading back
-        self.sleep(max(self.settle_s, 3 * (self.clock() - t0)))
-        now = self.read()
-        if now is None or now.get("holder") != self.holder:
+    def _take(self) -> None:
+        """Claim this incarnation's epoch, then write this holder's record, or raise."""
+        assert self.incarnation is not None
+        epoch = self.incarnation.epoch
+        if not self.claims.claim(epoch, self._holder_fields()):
             raise JobLeaseError(f"job directory {self.job_path} was taken by another driver "
-                                f"({describe(now) if now else 'its lease deleted'}) while "
-                                f"this one started")
-
-    def _next_epoch(self, old: dict | None) -> int:
-        """One above the lease record's epoch, the job's epoch counter and every epoch this
-        process gave out for it; the counter is written before the lease names the epoch."""
+                                f"while this one started (it claimed epoch {epoch} first)")
         try:
-            prev = int(old.get("epoch", 0)) if old else 0
-        except (TypeError, ValueError):
-            raise JobLeaseError(f"job lease {self.url} holds a bad epoch "
-                                f"{old.get('epoch')!r} (want a number); if no driver runs "
-                                f"this job, delete the file") from None
-        counted = read_epoch(self.storage, self.epoch_url)
-        with _epoch_lock:
-            epoch = max(prev, counted, _epoch_floor.get(self.epoch_url, 0)) + 1
-            _epoch_floor[self.epoch_url] = epoch
-        write_epoch(self.storage, self.epoch_url, epoch)
-        return epoch
+            start = self.clock()
+            self.storage.write_file(self.url, self._record())
+        except BaseException:
+            self._release_claim()  # a failed take leaves no live-looking claim behind
+            raise
+        self._valid_from = start
+        self._active = True
 
+    def _next_epoch(self, old: View) -> int:
+        """One above the newest claim, the record's epoch and the previous version's counter.
+        Nothing else (no number this process remembers): two drivers that decide at once
+        must compute the same epoch, so that only one can claim it."""
+        return max(old.claim.epoch if old.claim else 0,
+                   record_epoch(old.record) if old.record else 0, self.claims.floor()) + 1
     def check(self, force: bool = False) -> None:
         """Raise :class:`JobLeaseError` unless this driver still holds the job validly.
         Called before every metadata write and delete: the lease is renewed first when its
-        last renewal is older than a quarter of the TTL, or with ``force`` (the file is read
-        again: before the orphan cleanup), so a driver that woke up after another one took
-        over, or that could not renew in time, never writes or deletes."""
+        last renewal is older than a quarter of the TTL or past its validity, or with
+        ``force`` (the file is read again: before the orphan cleanup); then the fencing
+        token is checked (no newer epoch claimed: one existence check), so a driver that
+        woke up after another one took over, or that could not renew in time, never writes
+        or deletes."""
         asked = self.clock()
+        renewed = False
         if self._active and (force or self._age() > CHECK_RENEW_AT * self.ttl_s):
             with self._lock:
                 # another thread's renewal that began after this call covers it
                 if self._active and (self._valid_from < asked if force
                                      else self._age() > CHECK_RENEW_AT * self.ttl_s):
-                    self._renew_locked()
+                    renewed = self._renew_locked()
+        for _ in range(2):  # a renewal that ended late but in time: once more, from now
+            if not self._active or self.holds_validly():
+                break
+            with self._lock:
+                if self._active and not self.holds_validly():
+                    renewed = self._renew_locked()
         if self.fenced is not None:
             raise JobLeaseError(self.fenced)
         if not self._active:
             raise JobLeaseError(f"job {self.job_path}: this driver does not hold the lease")
         if not self.holds_validly():
+            raise JobLeaseError(f"job {self.job_path}: its lease renewals are too slow to "
+                                f"act on ({self._age():.1f}s since the last one began)")
+        if not renewed:
+            self._check_token()
+
+    def _check_token(self) -> None:
+        """The fencing token: fenced for good when a newer epoch was claimed."""
+        assert self.incarnation is not None
+        why = self.claims.superseded(self.incarnation.epoch, self.holder)
+        if why is not None:
             with self._lock:
-                self._fence(f"its lease was last renewed {self._age():.1f}s ago, past its "
-                            f"validity ({VALID_FOR * self.ttl_s:.1f}s)")
+                self._fence(f"taken over: {why}")
             raise JobLeaseError(self.fenced or "fenced")
 
     def _fence(self, why: str) -> bool:
@@ -240,32 +261,47 @@ class JobLease:
         return False
 
     def renew(self) -> bool:
-        """Renew once: False (and fenced for good) if someone else holds the lease now, the
-        lease vanished, or this holder is past its validity; a read error renews nothing
-        and raises :class:`JobLeaseError` (validity is the limit)."""
+        """Renew once: False (and fenced for good) if someone else holds the job now or this
+        holder could not renew in time; a read error renews nothing and raises
+        :class:`JobLeaseError` (the renewal deadline is the limit)."""
         with self._lock:
             return self._renew_locked()
 
     def _renew_locked(self) -> bool:
         if not self._active:
             return False
-        limit = VALID_FOR * self.ttl_s
-        start = self.clock()
-        if start - self._valid_from >= limit:
-            return self._fence(f"it could not renew its lease within {limit:.1f}s "
-                               f"(paused, or storage slow)")
+        assert self.incarnation is not None
+        epoch = self.incarnation.epoch
+        deadline = self._valid_from + RENEW_BY * self.ttl_s
+        if self.clock() >= deadline:
+            return self._fence(f"it could not renew its lease within "
+                               f"{RENEW_BY * self.ttl_s:.1f}s (paused, or storage slow)")
+        why = self.claims.superseded(epoch, self.holder)
+        if why is not None:
+            return self._fence(f"taken over: {why}")
         rec = self.read()
-        if rec is None:
-            return self._fence("its lease vanished (the job directory was deleted, or "
-                               "another driver released it)")
-        if rec.get("holder") != self.holder:
-            return self._fence(f"taken over by driver {describe(rec)}")
+        if rec is not None and rec.get("holder") != self.holder:
+            try:
+                newer = record_epoch(rec) >= epoch
+            except JobLeaseError:
+                newer = True  # on doubt: never write over it
+            if newer:
+                return self._fence(f"taken over by driver {describe(rec)}")
+            log.warning("job %s: its lease held a record of an earlier incarnation (%s), "
+                        "a late write: written over (the newer epoch holds the job)",
+                        self.job_path, describe(rec))
+        elif rec is None:
+            log.warning("job %s: its lease vanished (a late delete, or the job directory "
+                        "was deleted); no newer epoch is claimed: written again",
+                        self.job_path)
         self._renewals += 1
+        start = self.clock()
         self.storage.write_file(self.url, self._record())
         took = self.clock() - start
-        if self.clock() - self._valid_from >= limit:
+        if self.clock() >= deadline:
             return self._fence(f"its lease renewal took {took:.1f}s and ended past its "
-                               f"validity ({limit:.1f}s)")
+                               f"deadline ({RENEW_BY * self.ttl_s:.1f}s after the last "
+                               f"renewal began)")
         self._valid_from = start
         return True
 
@@ -281,19 +317,24 @@ class JobLease:
                         return
                     if self._age() >= RENEW_AT * self.ttl_s and not self._renew_locked():
                         return
-            except DstlError as e:  # storage trouble: try again; validity is the limit
+            except DstlError as e:  # storage trouble: try again until the renewal deadline
                 log.warning("cannot renew job lease %s: %s", self.url, e)
                 if stop.wait(retry):
                     return
 
     def release(self, delete: bool = False) -> None:
         """Give the job up (a clean shutdown): the next driver need not wait for the TTL.
-        The file stays as a released record; ``delete`` (a job cancelled with
-        DELETE_ON_CANCELLATION leaves nothing in its directory) removes it, and the job's
-        epoch counter outside the directory keeps the next incarnation's epoch growing. A
-        holder past its validity touches nothing (another driver may hold the job)."""
+        The record stays, marked released, and so does the epoch claim; ``delete`` (a job
+        cancelled with DELETE_ON_CANCELLATION leaves nothing in its directory) removes the
+        record, and the claim outside the directory says released and keeps the next
+        incarnation's epoch growing. A holder that may no longer act (fenced, past its
+        validity, a newer epoch claimed) touches nothing: another driver may hold the job."""
         with self._lock:
-            was = self._active and self.holds_validly()
+            try:
+                self.check()
+                was = True
+            except DstlError:
+                was = False
             self.abandon()
             if not was:
                 return
@@ -306,6 +347,14 @@ class JobLease:
                         self.storage.write_file(self.url, self._record(released=True))
             except DstlError as e:
                 log.warning("cannot release job lease %s: %s", self.url, e)
+            self._release_claim()
+
+    def _release_claim(self) -> None:
+        try:
+            assert self.incarnation is not None
+            self.claims.release(self.incarnation.epoch, self._holder_fields())
+        except DstlError as e:  # the next driver watches the lease for a TTL instead
+            log.warning("cannot mark epoch claim of job %s released: %s", self.job_path, e)
 
     def abandon(self) -> None:
         """Stop holding without touching the file, as a crashed driver would (tests and

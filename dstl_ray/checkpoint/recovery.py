@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,12 +113,14 @@ def restore_backends(client: Any, checkpoint: CompletedCheckpoint | None, operat
 
 
 def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = None,
-                    candidates: Sequence[str] | None = None) -> list[str]:
+                    candidates: Sequence[str] | None = None,
+                    check: Callable[[], None] | None = None) -> list[str]:
     """FLIP-158 "Cleanup after recovery": delete every file under the job directory that is
     not in ``keep`` (URLs) and not part of a complete savepoint. Run before checkpointing
     (re)starts, so no new pending file can be removed. ``candidates``: a listing of the job
     directory taken before the restore wrote anything (default: list it now); files created
-    after it are never touched."""
+    after it are never touched. ``check`` (the job lease's) runs before every delete and
+    stops the cleanup by raising: a driver fenced midway deletes nothing more."""
     st = storage or get_storage(job_path)
     files = list(candidates) if candidates is not None else st.list_files(job_path)
     complete_savepoints = {m.group(1) for u in files if u.endswith("/" + METADATA_FILE)
@@ -130,6 +132,8 @@ def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = Non
         m = _SAVEPOINT_DIR.search(url[len(job_path):])
         if m and m.group(1) in complete_savepoints:
             continue
+        if check is not None:
+            check()
         try:
             st.delete(url)
             deleted.append(url)

@@ -243,7 +243,9 @@ class SharedStateRegistry:
 
     def collect(self) -> list[str]:
         """Delete every candidate no pending checkpoint can still name (in the background);
-        returns their URLs."""
+        returns their URLs. ``deleted`` and ``deleted_count`` count a file once its delete
+        ran, not when it was handed over: one skipped because the driver was fenced
+        meanwhile (or that failed, or was dropped) stays on storage and is not counted."""
         if self.guard is not None:
             try:
                 self.guard()
@@ -264,9 +266,13 @@ class SharedStateRegistry:
                 urls.append(self._urls.pop(n))
         deleter = self._deleter or background_deleter()
         for url in urls:  # a failed, lost or fenced delete: orphan cleanup after recovery
-            deleter.submit(lambda url=url: self._delete(url), f"unreferenced state file {url}",
+            deleter.submit(lambda url=url: self._delete_counted(url),
+                           f"unreferenced state file {url}",
                            guard=self.guard)  # checked again right before it runs
-        with self._lock:
-            self.deleted.extend(urls)
-            self.deleted_count += len(urls)
         return urls
+
+    def _delete_counted(self, url: str) -> None:
+        self._delete(url)
+        with self._lock:
+            self.deleted.append(url)
+            self.deleted_count += 1

@@ -168,7 +168,7 @@ def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLea
     if before is not None:
         keep_urls = plan.live_urls() | {lease.url}
         lease.check(force=True)  # read it again: only the holder deletes orphans
-        cleanup_orphans(job_path, keep_urls, storage, candidates=before)
+        cleanup_orphans(job_path, keep_urls, storage, candidates=before, check=lease.check)
 
 
 def savepoint_files(cc: CompletedCheckpoint) -> list[str]:

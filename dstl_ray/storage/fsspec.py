@@ -1,7 +1,16 @@
-"""Any fsspec file system (S3 and the rest) behind the ``Storage`` contract."""
+"""Any fsspec file system (S3 and the rest) behind the ``Storage`` contract.
+
+``create_file`` (write a name only if it is absent: the job lease's epoch claims, savepoint
+markers) exists only where the store can make it atomic: ``memory://`` (one store per
+process, created under a lock) and ``s3://`` through an s3fs that sends ``If-None-Match: *``
+(a conditional put; a server that ignores the header overwrites, which the lease's read-back
+notices only when it comes after the other write). Elsewhere the attribute is None and
+callers fall back to write, settle and read back (docs/architecture.md "Storage")."""
 
 from __future__ import annotations
 
+import inspect
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +19,16 @@ import fsspec
 from ..config import redact_options
 from ..errors import StorageError
 from .base import S3_MIN_PART, MiB, _check_range, split_protocol
+
+_MEMORY_CREATE = threading.Lock()  # memory:// is one store per process: creates take turns
+
+
+def _conditional_put(fs: Any) -> bool:
+    """Whether ``fs.pipe_file`` takes ``mode="create"`` (s3fs sends ``If-None-Match: *``)."""
+    try:
+        return "mode" in inspect.signature(fs.pipe_file).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class FsspecStorage:
@@ -31,6 +50,10 @@ class FsspecStorage:
         self._fs = fsspec.filesystem(protocol, **fs_options)
         if protocol in ("s3", "s3a"):
             self._fs.retries = 1  # s3fs's own retry loop: off, the Uploader retries
+        if not (protocol == "memory"
+                or (protocol in ("s3", "s3a") and _conditional_put(self._fs))):
+            # no atomic create-if-absent here: callers see none and fall back
+            self.create_file = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"FsspecStorage({self.protocol!r}, {redact_options(self._options)!r})"
@@ -68,6 +91,25 @@ class FsspecStorage:
         except Exception as e:  # noqa: BLE001 - any client error becomes a StorageError
             raise StorageError(f"cannot write {path} from {local_path}: {type(e).__name__}: "
                                f"{e}") from e
+
+    def create_file(self, path: str, data: bytes) -> bool:
+        """Write ``path`` only if it does not exist yet, atomically: False if it exists
+        (someone else created it). ``memory://`` creates under a process-wide lock; S3 puts
+        with ``If-None-Match: *`` (the server refuses the put when the key exists)."""
+        p = self._p(path)
+        try:
+            if self.protocol == "memory":
+                with _MEMORY_CREATE:
+                    if self._fs.exists(p):
+                        return False
+                    self._fs.pipe_file(p, data)
+                return True
+            self._fs.pipe_file(p, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except Exception as e:  # noqa: BLE001 - any client error becomes a StorageError
+            raise StorageError(f"cannot create {path}: {type(e).__name__}: {e}") from e
 
     def append_file(self, path: str, data: bytes) -> int:
         """``memory://`` only: object stores make a file visible only once it is closed."""

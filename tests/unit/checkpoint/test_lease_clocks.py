@@ -4,8 +4,10 @@ unchanged for a full TTL on its clock, a holder judges its validity on its own c
 start of its last renewal and fences itself for good when a renewal comes too late, epochs
 are counters in storage, and a fenced driver's queued deletes never run.
 
-Processes' monotonic clocks are injected (:class:`World`: one real time, each process's clock
-an arbitrary offset from it); ``test_a_restart_from_a_host_whose_clock_is_behind_...`` skews
+Processes' monotonic clocks are injected (:class:`~.lease_util.World`: one real time, each
+process's clock an arbitrary offset from it), storage stalls are writes that take the world's
+time (:class:`~.lease_util.SlowWrites`) or let another driver act first
+(:class:`~.lease_util.Hooked`); ``test_a_restart_from_a_host_whose_clock_is_behind_...`` skews
 a real process's wall clock with libfaketime."""
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,57 +39,10 @@ from dstl_ray.storage.deleter import Deleter
 from dstl_ray.storage.registry import get_storage
 
 from ..ckpt_util import MAXP, client
+from .lease_util import Hooked, SlowWrites, World
 
 ROOT = Path(__file__).resolve().parents[3]
 TTL = 10.0
-
-
-class World:
-    """Real time ``t`` for every process of a test; :meth:`clock` is one process's monotonic
-    clock (its own arbitrary origin), :meth:`sleep` lets time pass and runs what the test
-    scheduled meanwhile (another driver's renewals)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.events: list[tuple[float, object]] = []
-
-    def clock(self, offset: float = 0.0):
-        return lambda: offset + self.t
-
-    def at(self, when: float, fn) -> None:
-        self.events.append((when, fn))
-        self.events.sort(key=lambda e: e[0])
-
-    def sleep(self, dt: float) -> None:
-        end = self.t + dt
-        while self.events and self.events[0][0] <= end:
-            when, fn = self.events.pop(0)
-            self.t = max(self.t, when)
-            fn()
-        self.t = end
-
-
-class SlowWrites:
-    """A storage whose writes take ``delay`` seconds of the world's time once armed."""
-
-    def __init__(self, inner, world: World) -> None:
-        self.inner = inner
-        self.world = world
-        self.delay = 0.0
-
-    def write_file(self, url: str, data: bytes) -> None:
-        self.world.t += self.delay
-        self.inner.write_file(url, data)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-@pytest.fixture
-def remote(monkeypatch):
-    """Leases of this test look as if written on another machine: no pid says anything
-    about them, only watching their record does."""
-    monkeypatch.setattr(lease_mod, "MACHINE", "another-host/boot/pid-ns")
 
 
 def _lease(url: str, world: World, offset: float = 0.0, **kw) -> JobLease:
@@ -129,7 +85,7 @@ def test_a_silent_holder_is_taken_over_only_after_a_full_ttl_of_watching(tmp_pat
     assert json.loads(get_storage(url).read_file(c.url))["holder"] == c.holder
 
 
-def test_check_renews_past_a_quarter_ttl_and_fences_for_good_past_half(tmp_path):
+def test_check_renews_past_a_quarter_ttl_and_fences_for_good_past_its_deadline(tmp_path):
     world, url = World(), f"file://{tmp_path}/dfs/job"
     a = JobLease(url, ttl_s=TTL, clock=world.clock())
     a.acquire(renew=False)
@@ -145,7 +101,11 @@ def test_check_renews_past_a_quarter_ttl_and_fences_for_good_past_half(tmp_path)
     world.t = 3.0
     a.check()  # older than TTL/4: renewed synchronously
     assert renewal() != first
-    world.t = 3.0 + 0.6 * TTL  # e.g. paused past half its TTL: it cannot know who holds now
+    world.t = 3.0 + 0.6 * TTL  # paused past its validity, but a renewal still lands in time
+    assert not a.holds_validly()
+    a.check()  # renewed (no observer's final read comes before 3 + TTL): valid again
+    assert a.holds_validly()
+    world.t += 0.85 * TTL  # e.g. paused past its renewal deadline: it cannot know who holds
     with pytest.raises(JobLeaseError, match="could not renew"):
         a.check()
     last = st.read_file(a.url)
@@ -171,6 +131,126 @@ def test_a_renewal_write_slower_than_the_ttl_fences_its_holder(tmp_path, remote)
     assert b.held
 
 
+@pytest.mark.parametrize("ttl,stall", [(None, 10.0), (3.0, 1.0)],
+                         ids=["default-ttl-10s-stall", "3s-ttl-1s-stall"])
+def test_a_storage_stall_within_the_renewal_deadline_does_not_fence(tmp_path, remote, ttl,
+                                                                   stall):
+    world, url = World(), f"file://{tmp_path}/dfs/job"
+    slow = SlowWrites(get_storage(url), world)
+    kw = {} if ttl is None else {"ttl_s": ttl}
+    a = JobLease(url, clock=world.clock(), sleep=world.sleep, storage=slow, **kw)
+    a.acquire(renew=False)
+    world.t = lease_mod.RENEW_AT * a.ttl_s  # when the background renewer renews
+    slow.delay = stall  # its write hangs (a storage stall)
+    assert a.renew() and a.fenced is None  # it landed before any observer could take over
+    slow.delay = 0.0
+    a.check()
+    assert a.held
+    # an observer that watched across the stall saw the record change: refused
+    b = _lease(url, world, 7.0)
+    world.at(world.t + lease_mod.RENEW_AT * a.ttl_s, a.renew)
+    with pytest.raises(JobLeaseError, match=a.holder):
+        b.acquire(renew=False)
+
+
+def test_a_late_renewal_write_of_a_taken_over_holder_does_not_fence_the_new_one(tmp_path,
+                                                                               remote):
+    world, url = World(), f"file://{tmp_path}/dfs/job"
+    st = Hooked(get_storage(url))
+    a = JobLease(url, ttl_s=TTL, clock=world.clock(), sleep=world.sleep, storage=st)
+    a.acquire(renew=False)
+    b = _lease(url, world, 33.0)
+    world.t = 2.0
+    # a's renewal write hangs; meanwhile b watches the unchanged record for a TTL and takes
+    # over; then a's write lands over b's record
+    st.hook(a.url, lambda: b.acquire(renew=False))
+    assert not a.renew() and a.fenced  # too late to count: a knows it may have lost the job
+    assert b.held and json.loads(get_storage(url).read_file(a.url))["holder"] == a.holder
+    assert b.renew() and b.fenced is None  # the newer epoch wins: b writes its record again
+    b.check()
+    assert json.loads(get_storage(url).read_file(a.url))["holder"] == b.holder
+    with pytest.raises(JobLeaseError):
+        a.check()
+
+
+@pytest.mark.parametrize("late", ["release", "delete"])
+def test_a_late_release_of_a_taken_over_holder_lets_nobody_take_the_job_at_once(
+        tmp_path, remote, late):
+    world, url = World(), f"file://{tmp_path}/dfs/job"
+    st = get_storage(url)
+    a = _lease(url, world)
+    a.acquire(renew=False)
+    released = a._record(released=True)  # what a's release writes: it lands late
+    b = _lease(url, world, 5.0)
+    b.acquire(renew=False)  # a went silent: b watched it for a TTL and took over
+    if late == "release":
+        st.write_file(a.url, released)
+    else:  # DELETE_ON_CANCELLATION's delete of the record
+        st.delete(a.url)
+    for k in range(1, 10):
+        world.at(world.t + k * TTL / 5, b.renew)
+    c = _lease(url, world, -7.0)
+    with pytest.raises(JobLeaseError, match=f"holder {b.holder}"):
+        c.acquire(renew=False)  # watched b's claim (a's record is of an older epoch)
+    b.check()
+    assert b.held and not c.held
+    assert json.loads(st.read_file(b.url))["holder"] == b.holder
+
+
+def test_a_holder_of_this_process_past_its_validity_is_watched_not_taken_at_once(tmp_path):
+    world, url = World(), f"file://{tmp_path}/dfs/job"
+    a = _lease(url, world)
+    a.acquire(renew=False)
+    world.t = 0.5 * TTL + 0.01  # a is past its validity, not yet fenced: a step that passed
+    b = _lease(url, world)  # its check before may still be landing
+    b.acquire(renew=False)
+    assert world.t >= TTL  # as long as any observer waits: a silent for a full TTL
+    with pytest.raises(JobLeaseError):
+        a.check()
+
+
+def test_epochs_never_repeat_when_a_slow_driver_decides_before_others_run(
+        tmp_path, separate_processes):
+    url = f"file://{tmp_path}/dfs/job"
+    st = Hooked(get_storage(url))
+    a = JobLease(url, storage=st)
+    epochs: list[int] = []
+
+    def others() -> None:  # two runs start and are cancelled (DELETE_ON_CANCELLATION)
+        for _ in range(2):
+            x = JobLease(url)
+            epochs.append(x.acquire(renew=False).epoch)
+            x.release(delete=True)
+
+    st.hook("", others)  # a decided its epoch; its first write stalls meanwhile
+    with pytest.raises(JobLeaseError, match="taken by another driver"):
+        a.acquire(renew=False)  # its epoch was claimed meanwhile: refused, never reused
+    assert epochs == [1, 2]
+    d_ = JobLease(url)
+    assert d_.acquire(renew=False).epoch == 3
+    d_.release()
+
+
+def _previous_version_takes(rec: dict, wall_clock: float) -> bool:
+    """The version before counted epochs (``JobLease._alive`` then): a record is dead when
+    released or when its wall-clock ``renewed_at`` is more than its TTL behind the reader's
+    wall clock (a missing one counts as 0)."""
+    if rec.get("released"):
+        return True
+    return wall_clock - float(rec.get("renewed_at", 0)) > float(rec.get("ttl_s", 0))
+
+
+def test_a_driver_of_the_previous_version_never_takes_a_live_job(tmp_path):
+    url = f"file://{tmp_path}/dfs/job"
+    a = JobLease(url)
+    a.acquire(renew=False)
+    rec = json.loads(get_storage(url).read_file(a.url))
+    for skew in (-600.0, 0.0, 600.0, 1e9):  # its host's wall clock, any offset
+        assert not _previous_version_takes(rec, time.time() + skew)
+    a.release()
+    assert _previous_version_takes(json.loads(get_storage(url).read_file(a.url)), time.time())
+
+
 def test_a_coordinator_whose_lease_renewal_is_slow_writes_no_metadata(tmp_path):
     world, base = World(), f"file://{tmp_path}/dfs"
     coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP)
@@ -186,10 +266,8 @@ def test_a_coordinator_whose_lease_renewal_is_slow_writes_no_metadata(tmp_path):
     coord.abandon()
 
 
-def test_epochs_count_on_across_delete_on_cancellation_and_a_wiped_job_directory(
-        tmp_path, monkeypatch):
+def test_epochs_count_on_across_delete_on_cancellation_and_a_wiped_job_directory(tmp_path):
     base = f"file://{tmp_path}/dfs"
-    monkeypatch.setattr(lease_mod, "_epoch_floor", {})  # storage alone keeps the count
 
     def run(cancel: bool) -> Incarnation:
         coord = d.CheckpointCoordinator(
@@ -200,7 +278,6 @@ def test_epochs_count_on_across_delete_on_cancellation_and_a_wiped_job_directory
         coord.trigger_checkpoint().result(timeout=30)
         inc = coord.incarnation
         coord.shutdown(cancel=cancel)
-        lease_mod._epoch_floor.clear()
         return inc
 
     first = run(cancel=True)
@@ -215,8 +292,9 @@ def test_epochs_count_on_across_delete_on_cancellation_and_a_wiped_job_directory
 def test_an_unreadable_epoch_counter_is_a_clear_error(tmp_path):
     url = f"file://{tmp_path}/dfs/job"
     a = JobLease(url)
-    get_storage(a.epoch_url).write_file(a.epoch_url, b"not a number")
-    with pytest.raises(JobLeaseError, match=f"epoch counter {a.epoch_url}"):
+    counter = a.claims.legacy_url  # the previous version's counter: read as a floor
+    get_storage(counter).write_file(counter, b"not a number")
+    with pytest.raises(JobLeaseError, match=f"epoch counter {counter}"):
         a.acquire(renew=False)
 
 
