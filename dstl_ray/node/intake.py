@@ -165,6 +165,8 @@ class Intake:
             for sp in spans or ():
                 tracing.end_span(sp, error=e)
             raise
+        finally:  # its process may send its next writer's request now
+            self.batching.answered(item)
         for sp, x in zip(spans or (), segs, strict=False):
             tracing.end_span(sp, error=x if isinstance(x, BaseException) else None)
         return segs
