@@ -7,9 +7,9 @@ marked the pending checkpoint, or when the buffered bytes pass ``persist_size_th
 When the delay is over but sources that sent the job's previous checkpoint have not sent this
 one yet (or, for a job's first checkpoint here, the sources registered for the job), the batch
 waits for them, never longer than ``persist_max_wait_s`` after its first request. It never
-waits for a writer whose process has a checkpoint request of its own unanswered here (in the
-batch, or sent on and not answered yet): a process whose writers persist one after the other
-sends nothing until that answer. A job's first checkpoint here is held until sources of the
+waits for a writer whose process persists its writers one after the other and has a
+checkpoint request unanswered here (in the batch, or sent on): that process sends nothing
+until the answer. A job's first checkpoint here is held until sources of the
 job stopped registering for a while (writers that start with the job register while its first
 requests are on their way). A source silent for ``source_idle_s`` is dropped when a batch had
 to wait for the delay.
@@ -104,8 +104,12 @@ class BatchScheduler:
         self.extended = False  # the delay is over; waiting for late sources of a checkpoint
         self.waited_late = False  # this batch counted in ``waits_for_late`` already
         # process -> its checkpoint requests taken here and not answered yet (pending, or
-        # sent on): its other writers cannot send before those answers
+        # sent on); processes seen persisting their writers one after the other (their
+        # other writers cannot send before those answers), and the newest checkpoint
+        # (job, id) of each process with a request answered here
         self.unanswered: dict[str, int] = {}
+        self.in_turn: set[str] = set()
+        self.answered_ckpt: dict[str, tuple[str, int]] = {}
         # job -> source -> the newest checkpoint id it sent a request (or a mark) for
         self.ckpt_seen: dict[str, dict[str, int]] = {}
         self.sent_for: dict[str, int] = {}  # job -> newest checkpoint id with a request here
@@ -122,7 +126,7 @@ class BatchScheduler:
             if r.source == item.source:  # a writer's own request (a child's name differs)
                 self.sources.writer_process(r.source, r.process)
             if r.checkpoint_id >= 0 and r.process:
-                self.unanswered[r.process] = self.unanswered.get(r.process, 0) + 1
+                self.learn_turns(r)
             if r.checkpoint_id >= 0:
                 self.first_ckpt.setdefault(r.job_id, r.checkpoint_id)
                 seen = self.ckpt_seen.setdefault(r.job_id, {})
@@ -134,16 +138,39 @@ class BatchScheduler:
         if not self.maybe_send_now() and self.timer is None:
             self.timer = self.clock.call_later(self.delay(), self.on_timer)
 
+    def learn_turns(self, r: PersistRequest) -> None:
+        """A checkpoint request of process ``r.process`` arrived. If the process has another
+        one unanswered here, it persists its writers at once; if its request for the same
+        checkpoint was answered already, one after the other (it waited for that answer)."""
+        p = r.process
+        if self.unanswered.get(p, 0) > 0:
+            self.in_turn.discard(p)
+        elif self.answered_ckpt.get(p) == (r.job_id, r.checkpoint_id):
+            self.in_turn.add(p)
+        self.unanswered[p] = self.unanswered.get(p, 0) + 1
+
     def answered(self, item: Pending) -> None:
         """``item`` was answered (its batch was sent, and written or failed): its process may
         send again."""
         for r in item.requests:
             if r.checkpoint_id >= 0 and r.process:
+                self.answered_ckpt[r.process] = (r.job_id, r.checkpoint_id)
                 left = self.unanswered.get(r.process, 0) - 1
                 if left > 0:
                     self.unanswered[r.process] = left
                 else:
                     self.unanswered.pop(r.process, None)
+                    if r.process not in self.sources.process.values():
+                        self.forget_process(r.process)
+
+    def blocked(self) -> set[str]:
+        """Processes that persist their writers in turn and wait for an answer here now."""
+        return {p for p in self.unanswered if p in self.in_turn}
+
+    def forget_process(self, process: str) -> None:
+        """No writer of ``process`` is left here (requests forwarded by a child only pass)."""
+        self.in_turn.discard(process)
+        self.answered_ckpt.pop(process, None)
 
     def mark(self, job_id: str, source: str, checkpoint_id: int) -> None:
         """``source`` has nothing (more) to send for ``checkpoint_id``: a batch waiting for
@@ -171,6 +198,9 @@ class BatchScheduler:
         """``source`` unregistered or was dropped: no batch waits for it any more."""
         for seen in self.ckpt_seen.values():
             seen.pop(source, None)
+        live = set(self.sources.process.values()) | set(self.unanswered)
+        for p in [p for p in self.answered_ckpt if p not in live]:
+            self.forget_process(p)
 
     def forget_job(self, job_id: str) -> None:
         """The job restarted (a newer incarnation) or was forgotten: its knowledge goes."""
@@ -232,12 +262,12 @@ class BatchScheduler:
         """Sources that sent a request for a job's previous checkpoint but not yet for the
         one pending here: their request is on its way, and the checkpoint cannot complete
         without it, so waiting keeps the checkpoint in one file at no cost to its duration.
-        Not a writer whose process has a checkpoint request unanswered here: when a process
-        persists its writers one after the other (writers in one Ray actor, an executor
-        running more subtasks than it has cores), its next writer's request comes only
-        after that answer, so waiting for it would only delay both by
-        ``persist_max_wait_s``. Writers of one process that persist at once still share
-        the batch: their requests arrive within the delay."""
+        Not a writer whose process persists its writers one after the other (writers in one
+        Ray actor, an executor running more subtasks than it has cores) and has a
+        checkpoint request unanswered here: its next writer's request comes only after that
+        answer, so waiting for it would only delay both by ``persist_max_wait_s``. A
+        process seen persisting its writers at once is waited for as before, so they share
+        one batch even when one of them is late (:meth:`learn_turns`)."""
         late: set[str] = set()
         for job, cid in self.newest_checkpoints().items():
             late |= self.late_for(job, cid)
@@ -262,8 +292,8 @@ class BatchScheduler:
     def late_for(self, job_id: str, checkpoint_id: int) -> set[str]:
         seen = self.ckpt_seen.get(job_id, {})
         previous = max((c for c in seen.values() if c < checkpoint_id), default=None)
-        sources = {s for s in self.sources.all()
-                   if self.sources.process_of(s) not in self.unanswered}
+        blocked = self.blocked()
+        sources = {s for s in self.sources.all() if self.sources.process_of(s) not in blocked}
         if previous is None:
             if self.first_ckpt.get(job_id) != checkpoint_id:
                 return set()
@@ -335,4 +365,5 @@ class BatchScheduler:
     def entries(self) -> dict[str, int]:
         return {"ckpt_seen": sum(len(v) for v in self.ckpt_seen.values()),
                 "sent_for": len(self.sent_for), "marked_up": len(self.marked_up),
-                "first_ckpt": len(self.first_ckpt), "unanswered": len(self.unanswered)}
+                "first_ckpt": len(self.first_ckpt), "unanswered": len(self.unanswered),
+                "processes_answered": len(self.answered_ckpt)}

@@ -57,9 +57,8 @@ class Intake:
                               named: int | None) -> bool:
         await self.dead.vet(caller)
         self.jobs.admit(job_id, caller)
-        self.sources.add_writer(log_id, job_id, None)
+        self.sources.add_writer(log_id, job_id, self.clock.now())  # seen, registered now
         self.dead.registered(log_id, job_id, caller, named)
-        self.sources.seen(log_id, self.clock.now())
         await self.sources.sync_registration()
         return self.dead.on
 

@@ -396,16 +396,18 @@ def test_writers_of_one_process_persisting_in_turn_do_not_wait_for_each_other(
     for late and waited persist_max_wait_s (0.5 s) for a request that could only come after
     the answer to the first one's: every checkpoint cost 0.5 s (on the old code
     waits_for_late grew by one per checkpoint and the p50 was ~510 ms). Now the node knows
-    both writers live in one process that has a request unanswered, and does not wait."""
+    both writers live in one process, that this process waits for each answer (learned from
+    the checkpoint before), and that it has a request unanswered: it does not wait."""
     from dstl_ray import StateChangelogHandle
 
     tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_max_wait_s=0.5)
     actor = _TwoWritersInTurn.remote(namespace)
     try:
         ray.get(actor.checkpoint.remote(0, False))  # both at once: each sent a checkpoint
+        ray.get(actor.checkpoint.remote(1, True))  # in turn: the node learns it (one wait)
         before = sum(s["waits_for_late"] for s in tree.status())
         took = []
-        for cp in range(1, 7):
+        for cp in range(2, 8):
             seconds, handles = ray.get(actor.checkpoint.remote(cp, True))
             took.append(seconds)
         waits = sum(s["waits_for_late"] for s in tree.status()) - before
@@ -413,7 +415,7 @@ def test_writers_of_one_process_persisting_in_turn_do_not_wait_for_each_other(
         assert sorted(took)[len(took) // 2] < 0.25, took
         for i, text in enumerate(handles):
             got = StateChangelogHandle.from_json(text).read_all()
-            assert got == {i: [f"cp{cp}-w{i}".encode() for cp in range(7)]}
+            assert got == {i: [f"cp{cp}-w{i}".encode() for cp in range(8)]}
     finally:
         ray.get(actor.close.remote())
         ray.kill(actor)

@@ -372,6 +372,39 @@ def test_writers_of_one_process_persisting_at_once_share_one_batch():
     assert n.batches()[1] == ["w", "a", "b"] and n.counters.sent_all_pending == 2
 
 
+def test_a_late_writer_of_a_process_persisting_at_once_is_still_waited_for():
+    """A process whose writers persisted checkpoint 1 at once (b arrived while a was
+    unanswered) is not one that waits for each answer: when b is late for checkpoint 2,
+    its request is on its way, and the batch waits for it (one file)."""
+    n = Node()
+    for log in ("a", "b"):
+        n.writer(log)
+    n.settle()
+    a1, b1 = n.send("a", 1, process="P"), n.send("b", 1, process="P")
+    n.s.answered(a1)
+    n.s.answered(b1)
+    n.send("a", 2, process="P")
+    n.clock.advance(DELAY)
+    assert len(n.sent) == 1 and n.s.late_sources() == {"b"} and n.counters.waits_for_late == 1
+    n.clock.advance(0.1)
+    n.send("b", 2, process="P")
+    assert n.batches()[1] == ["a", "b"]
+
+
+def test_a_process_is_judged_by_what_it_did_last():
+    """In turn (b's request came after the answer to a's), then at once, then in turn."""
+    n = Node()
+    _one_process_in_turn(n)
+    assert n.s.in_turn == {"P"}
+    a2, b2 = n.send("a", 2, process="P"), n.send("b", 2, process="P")
+    assert n.s.in_turn == set()
+    n.s.answered(a2)
+    n.s.answered(b2)
+    n.s.answered(n.send("a", 3, process="P"))
+    n.send("b", 3, process="P")
+    assert n.s.in_turn == {"P"}
+
+
 def test_a_request_sent_on_and_not_answered_still_blocks_its_process():
     """a's request went on to the parent, which has not answered yet: b, of the same
     process, cannot come before that answer, so this node's next batch does not wait for
