@@ -101,6 +101,7 @@ class BatchScheduler:
         self.pending: list[Pending] = []
         self.pending_bytes = 0
         self.timer: Cancellable | None = None
+        self.timer_at = 0.0  # clock time the timer fires
         self.extended = False  # the delay is over; waiting for late sources of a checkpoint
         self.waited_late = False  # this batch counted in ``waits_for_late`` already
         # process -> its checkpoint requests taken here and not answered yet (pending, or
@@ -136,7 +137,7 @@ class BatchScheduler:
         self.pending.append(item)
         self.pending_bytes += item.size
         if not self.maybe_send_now() and self.timer is None:
-            self.timer = self.clock.call_later(self.delay(), self.on_timer)
+            self.arm(self.delay())
 
     def learn_turns(self, r: PersistRequest) -> None:
         """A checkpoint request of process ``r.process`` arrived. If the process has another
@@ -229,7 +230,8 @@ class BatchScheduler:
         pending_sources = {p.source for p in self.pending}
         if self.pending_bytes >= self.config.persist_size_threshold:
             self.counters.sent_size += 1
-        elif self.hold_left(self.clock.now()) > 0:
+        elif (hold := self.hold_left(self.clock.now())) > 0:
+            self.wake_within(hold)  # then every source pending may send it
             return False
         elif sources and sources <= pending_sources | self.done_sources():
             self.counters.sent_all_pending += 1
@@ -244,6 +246,11 @@ class BatchScheduler:
         self.timer = None
         if self.pending:
             now = self.clock.now()
+            due = self.pending[0].arrived + self.delay()
+            if now < due - 1e-9:  # a first checkpoint's hold ended before the delay
+                if not self.maybe_send_now() and self.timer is None:
+                    self.arm(due - now)
+                return
             left = self.config.persist_max_wait_s - (now - self.pending[0].arrived)
             hold = self.hold_left(now)
             late = self.late_sources() if left > 0 else set()
@@ -252,11 +259,22 @@ class BatchScheduler:
                 if late and not self.waited_late:
                     self.waited_late = True
                     self.counters.waits_for_late += 1
-                self.timer = self.clock.call_later(hold if hold > 0 else left, self.on_timer)
+                self.arm(hold if hold > 0 else left)
                 return
             self.counters.sent_delay += 1
             self.drop_idle_sources()
         self.send_batch()
+
+    def arm(self, after: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = self.clock.now() + after
+        self.timer = self.clock.call_later(after, self.on_timer)
+
+    def wake_within(self, after: float) -> None:
+        """The timer fires ``after`` from now at the latest."""
+        if self.timer is None or self.timer_at > self.clock.now() + after:
+            self.arm(after)
 
     def late_sources(self) -> set[str]:
         """Sources that sent a request for a job's previous checkpoint but not yet for the

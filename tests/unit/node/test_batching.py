@@ -466,3 +466,21 @@ def test_the_hold_never_passes_persist_max_wait():
         if n.sent:
             break
     assert n.batches() == [["a"]] and n.clock.now() - first <= MAX_WAIT + 1e-9
+
+
+def test_a_hold_shorter_than_the_delay_ends_with_every_source_pending():
+    """With a long delay, the first checkpoint goes when its hold ends (every source
+    pending), not when the delay does."""
+    n = Node(persist_delay_s=5.0)
+    n.writer("a")
+    n.writer("b")
+    n.send("a", 0)
+    n.send("b", 0)
+    assert n.sent == []
+    n.clock.advance(MAX_WAIT / 4)
+    assert n.batches() == [["a", "b"]] and n.counters.sent_all_pending == 1
+    n.send("a", 1)
+    n.clock.advance(MAX_WAIT)
+    assert len(n.sent) == 1, "not held: the delay runs"
+    n.clock.advance(5.0)
+    assert n.batches()[1] == ["a"] and n.counters.sent_delay == 1
