@@ -266,8 +266,11 @@ def test_first_checkpoint_is_one_file_when_writers_start_with_it(tree_factory, n
     the first checkpoint. A node sent as soon as every source it knew of was pending,
     before the other nodes' writers (and so those nodes) had registered: on the old code
     the first checkpoint was 3-5 files on 5 nodes (one per node that learned of the job
-    late). Now a job's first checkpoint is held while sources of the job still register."""
-    tree = tree_factory(base=f"file://{tmp_path}/dfs", branching_factor=2)
+    late). Now a job's first checkpoint is held while sources of the job still register.
+    persist_max_wait_s=2 (the hold's quiet period is a quarter of it): other test sessions
+    share this machine's two cores, and registrations then spread wider."""
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", branching_factor=2,
+                        persist_max_wait_s=2.0)
     st = tree.status()
     assert len(st) >= 5 and max(s["level"] for s in st) >= 2
     actors = [_StartsWithTheJob.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
