@@ -5,7 +5,8 @@ tree on ``file://`` under ./demo-data, and runs a Structured Streaming pipeline 
 (3 executors spread over the nodes): generated user events arrive as files; per-user counts,
 sums and amount histograms are kept by :class:`KeyedStatefulOperator`, one checkpoint per
 micro-batch, with periodic materialization. Half-way it kills the node actor that the most
-tasks used and a Spark executor, and measures how long until the next checkpoint completes.
+tasks used and a Spark executor, measures how long until the next checkpoint completes, and
+compares the checkpoint latency before the failure with that once the cluster has healed.
 Each user's events also form session windows (a gap of 3 s of event time closes one), closed
 by event-time timers (spark_glue.timers). At the end the state of the last checkpoint,
 restored from storage, must equal a plain Spark batch recomputation over all input, and the
@@ -90,6 +91,35 @@ def _pct(xs: list[float], q: float) -> float:
         return 0.0
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def recovery_latency(history: list[Any], fail_at: float | None, window_s: float = 30.0
+                     ) -> dict[str, Any]:
+    """Checkpoint latency before the failure and after recovery ("Recovery restores speed
+    too"). The cluster has healed at the first checkpoint after the failure whose subtasks
+    ran on as many executors as the last one before it (the node actor restarted, the
+    replacement executor took its share: ``spark_glue.placement``); "after recovery" is
+    the checkpoints of the ``window_s`` after that one (all of them in a shorter run)."""
+    before = [s for s in history if fail_at is None or s.finished_at <= fail_at]
+    out: dict[str, Any] = {
+        "checkpoint_ms_p50_before_failure": _p50_ms(before),
+        "checkpoint_ms_p50_after_recovery": None, "healed_s": None,
+        "checkpoints_after_recovery": 0}
+    after = [s for s in history if fail_at is not None and s.finished_at > fail_at]
+    if not after:
+        return out
+    spread = len(set(before[-1].executors.values())) if before else 0
+    healed = next((s for s in after if len(set(s.executors.values())) >= spread), after[0])
+    window = [s for s in after if healed.finished_at < s.finished_at
+              <= healed.finished_at + window_s]
+    out.update(checkpoint_ms_p50_after_recovery=_p50_ms(window),
+               healed_s=round(healed.finished_at - fail_at, 2),
+               checkpoints_after_recovery=len(window))
+    return out
+
+
+def _p50_ms(batches: list[Any]) -> float | None:
+    return round(_pct([s.checkpoint_s * 1000 for s in batches], 0.5), 1) if batches else None
 
 
 def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> None:
@@ -245,6 +275,7 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
                                                                                for s in h),
             "killed": list(killed) if killed else None,
             "recovery_s": round(recovery_s, 2) if recovery_s is not None else None,
+            **recovery_latency(list(h), fail_at),
             "state_matches_recomputation": not problems,
             "state_reader_rows": sum(len(v) for v in read_back.values()),
             **sessions,

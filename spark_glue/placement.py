@@ -8,7 +8,9 @@ with the routed rows (one list per partition), so task ``i`` is scheduled on ``E
 PROCESS_LOCAL level. This needs ``spark.shuffle.reduceLocality.enabled=false`` (the
 :func:`~spark_glue.session.start_spark` default): otherwise the shuffle adds a host-level
 preference that every executor on a shared host satisfies. Placement is only a preference:
-a lost executor is dropped from it, and any task may still run anywhere (then it restores).
+a lost executor is dropped from it, an over-loaded executor gives subtasks to a less loaded
+one (a replacement executor included), and any task may still run anywhere (then it
+restores).
 """
 
 from __future__ import annotations
@@ -41,20 +43,42 @@ def executor_hosts(sc: Any) -> dict[str, str]:
 
 
 def plan(subtasks: int, previous: dict[int, str], hosts: dict[str, str]) -> dict[int, str]:
-    """Executor per subtask: where it ran last if that executor is alive, else the least
-    loaded live executor (so a first batch spreads subtasks evenly)."""
+    """Executor per subtask: where it ran last while that executor is alive and not
+    over-loaded, else the least loaded live executor (so a first batch spreads subtasks
+    evenly).
+
+    An executor is over-loaded when it holds more subtasks than its share (the subtasks
+    over the live executors, rounded up): they run one after the other there while another
+    executor idles. After a lost executor's subtask was retried on a survivor, the
+    replacement executor never got it back, and every later batch (and checkpoint) took
+    two subtasks' time. So a subtask above the share moves to a less loaded live executor,
+    the highest-numbered first; a moved subtask restores its backend from the latest
+    checkpoint, once. A plan as even as the executors allow stays where it is."""
     if not hosts:
         return {}
-    load = dict.fromkeys(sorted(hosts, key=lambda e: (len(e), e)), 0)
+    order = sorted(hosts, key=lambda e: (len(e), e))
+    share = -(-subtasks // len(order))
+    load = dict.fromkeys(order, 0)
     out: dict[int, str] = {}
     for i in range(subtasks):
         e = previous.get(i)
         if e in hosts:
             out[i] = e
             load[e] += 1
+
+    def least_loaded() -> str:
+        return min(order, key=lambda x: load[x])
+
+    for i in sorted(out, reverse=True):  # over-loaded executors give up their highest
+        e = out[i]
+        to = least_loaded()
+        if load[e] > share and load[to] < share:
+            out[i] = to
+            load[e] -= 1
+            load[to] += 1
     for i in range(subtasks):
         if i not in out:
-            e = min(load, key=lambda x: load[x])
+            e = least_loaded()
             out[i] = e
             load[e] += 1
     return out

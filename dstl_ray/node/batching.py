@@ -6,8 +6,13 @@ at once when every registered source (local writer or child node) has a request 
 marked the pending checkpoint, or when the buffered bytes pass ``persist_size_threshold``.
 When the delay is over but sources that sent the job's previous checkpoint have not sent this
 one yet (or, for a job's first checkpoint here, the sources registered for the job), the batch
-waits for them, never longer than ``persist_max_wait_s`` after its first request. A source
-silent for ``source_idle_s`` is dropped when a batch had to wait for the delay.
+waits for them, never longer than ``persist_max_wait_s`` after its first request. It never
+waits for a writer whose process persists its writers one after the other and has a
+checkpoint request unanswered here (in the batch, or sent on): that process sends nothing
+until the answer. A job's first checkpoint here is held until sources of the
+job stopped registering for a while (writers that start with the job register while its first
+requests are on their way). A source silent for ``source_idle_s`` is dropped when a batch had
+to wait for the delay.
 
 Time comes from an injected :class:`Clock`, so every trigger is unit-tested with a manual
 clock, without Ray or an event loop (Flink injects a ``ScheduledExecutorService``).
@@ -96,7 +101,16 @@ class BatchScheduler:
         self.pending: list[Pending] = []
         self.pending_bytes = 0
         self.timer: Cancellable | None = None
+        self.timer_at = 0.0  # clock time the timer fires
         self.extended = False  # the delay is over; waiting for late sources of a checkpoint
+        self.waited_late = False  # this batch counted in ``waits_for_late`` already
+        # process -> its checkpoint requests taken here and not answered yet (pending, or
+        # sent on); processes seen persisting their writers one after the other (their
+        # other writers cannot send before those answers), and the newest checkpoint
+        # (job, id) of each process with a request answered here
+        self.unanswered: dict[str, int] = {}
+        self.in_turn: set[str] = set()
+        self.answered_ckpt: dict[str, tuple[str, int]] = {}
         # job -> source -> the newest checkpoint id it sent a request (or a mark) for
         self.ckpt_seen: dict[str, dict[str, int]] = {}
         self.sent_for: dict[str, int] = {}  # job -> newest checkpoint id with a request here
@@ -110,6 +124,10 @@ class BatchScheduler:
         batch if a trigger fires, else make sure the delay timer runs."""
         self.sources.seen(item.source, item.arrived)
         for r in item.requests:
+            if r.source == item.source:  # a writer's own request (a child's name differs)
+                self.sources.writer_process(r.source, r.process)
+            if r.checkpoint_id >= 0 and r.process:
+                self.learn_turns(r)
             if r.checkpoint_id >= 0:
                 self.first_ckpt.setdefault(r.job_id, r.checkpoint_id)
                 seen = self.ckpt_seen.setdefault(r.job_id, {})
@@ -119,7 +137,41 @@ class BatchScheduler:
         self.pending.append(item)
         self.pending_bytes += item.size
         if not self.maybe_send_now() and self.timer is None:
-            self.timer = self.clock.call_later(self.delay(), self.on_timer)
+            self.arm(self.delay())
+
+    def learn_turns(self, r: PersistRequest) -> None:
+        """A checkpoint request of process ``r.process`` arrived. If the process has another
+        one unanswered here, it persists its writers at once; if its request for the same
+        checkpoint was answered already, one after the other (it waited for that answer)."""
+        p = r.process
+        if self.unanswered.get(p, 0) > 0:
+            self.in_turn.discard(p)
+        elif self.answered_ckpt.get(p) == (r.job_id, r.checkpoint_id):
+            self.in_turn.add(p)
+        self.unanswered[p] = self.unanswered.get(p, 0) + 1
+
+    def answered(self, item: Pending) -> None:
+        """``item`` was answered (its batch was sent, and written or failed): its process may
+        send again."""
+        for r in item.requests:
+            if r.checkpoint_id >= 0 and r.process:
+                self.answered_ckpt[r.process] = (r.job_id, r.checkpoint_id)
+                left = self.unanswered.get(r.process, 0) - 1
+                if left > 0:
+                    self.unanswered[r.process] = left
+                else:
+                    self.unanswered.pop(r.process, None)
+                    if r.process not in self.sources.process.values():
+                        self.forget_process(r.process)
+
+    def blocked(self) -> set[str]:
+        """Processes that persist their writers in turn and wait for an answer here now."""
+        return {p for p in self.unanswered if p in self.in_turn}
+
+    def forget_process(self, process: str) -> None:
+        """No writer of ``process`` is left here (requests forwarded by a child only pass)."""
+        self.in_turn.discard(process)
+        self.answered_ckpt.pop(process, None)
 
     def mark(self, job_id: str, source: str, checkpoint_id: int) -> None:
         """``source`` has nothing (more) to send for ``checkpoint_id``: a batch waiting for
@@ -147,6 +199,9 @@ class BatchScheduler:
         """``source`` unregistered or was dropped: no batch waits for it any more."""
         for seen in self.ckpt_seen.values():
             seen.pop(source, None)
+        live = set(self.sources.process.values()) | set(self.unanswered)
+        for p in [p for p in self.answered_ckpt if p not in live]:
+            self.forget_process(p)
 
     def forget_job(self, job_id: str) -> None:
         """The job restarted (a newer incarnation) or was forgotten: its knowledge goes."""
@@ -154,6 +209,7 @@ class BatchScheduler:
         self.first_ckpt.pop(job_id, None)
         self.sent_for.pop(job_id, None)
         self.marked_up.pop(job_id, None)
+        self.sources.registered_at.pop(job_id, None)
 
     def pending_jobs(self) -> set[str]:
         return {r.job_id for p in self.pending for r in p.requests}
@@ -174,6 +230,9 @@ class BatchScheduler:
         pending_sources = {p.source for p in self.pending}
         if self.pending_bytes >= self.config.persist_size_threshold:
             self.counters.sent_size += 1
+        elif (hold := self.hold_left(self.clock.now())) > 0:
+            self.wake_within(hold)  # then every source pending may send it
+            return False
         elif sources and sources <= pending_sources | self.done_sources():
             self.counters.sent_all_pending += 1
         elif self.extended and not self.late_sources():
@@ -186,22 +245,47 @@ class BatchScheduler:
     def on_timer(self) -> None:
         self.timer = None
         if self.pending:
-            waited = self.clock.now() - self.pending[0].arrived
-            left = self.config.persist_max_wait_s - waited
-            if left > 0 and self.late_sources():
-                if not self.extended:
-                    self.extended = True
+            now = self.clock.now()
+            due = self.pending[0].arrived + self.delay()
+            if now < due - 1e-9:  # a first checkpoint's hold ended before the delay
+                if not self.maybe_send_now() and self.timer is None:
+                    self.arm(due - now)
+                return
+            left = self.config.persist_max_wait_s - (now - self.pending[0].arrived)
+            hold = self.hold_left(now)
+            late = self.late_sources() if left > 0 else set()
+            if left > 0 and (hold > 0 or late):
+                self.extended = True
+                if late and not self.waited_late:
+                    self.waited_late = True
                     self.counters.waits_for_late += 1
-                self.timer = self.clock.call_later(left, self.on_timer)
+                self.arm(hold if hold > 0 else left)
                 return
             self.counters.sent_delay += 1
             self.drop_idle_sources()
         self.send_batch()
 
+    def arm(self, after: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = self.clock.now() + after
+        self.timer = self.clock.call_later(after, self.on_timer)
+
+    def wake_within(self, after: float) -> None:
+        """The timer fires ``after`` from now at the latest."""
+        if self.timer is None or self.timer_at > self.clock.now() + after:
+            self.arm(after)
+
     def late_sources(self) -> set[str]:
         """Sources that sent a request for a job's previous checkpoint but not yet for the
         one pending here: their request is on its way, and the checkpoint cannot complete
-        without it, so waiting keeps the checkpoint in one file at no cost to its duration."""
+        without it, so waiting keeps the checkpoint in one file at no cost to its duration.
+        Not a writer whose process persists its writers one after the other (writers in one
+        Ray actor, an executor running more subtasks than it has cores) and has a
+        checkpoint request unanswered here: its next writer's request comes only after that
+        answer, so waiting for it would only delay both by ``persist_max_wait_s``. A
+        process seen persisting its writers at once is waited for as before, so they share
+        one batch even when one of them is late (:meth:`learn_turns`)."""
         late: set[str] = set()
         for job, cid in self.newest_checkpoints().items():
             late |= self.late_for(job, cid)
@@ -226,7 +310,8 @@ class BatchScheduler:
     def late_for(self, job_id: str, checkpoint_id: int) -> set[str]:
         seen = self.ckpt_seen.get(job_id, {})
         previous = max((c for c in seen.values() if c < checkpoint_id), default=None)
-        sources = self.sources.all()
+        blocked = self.blocked()
+        sources = {s for s in self.sources.all() if self.sources.process_of(s) not in blocked}
         if previous is None:
             if self.first_ckpt.get(job_id) != checkpoint_id:
                 return set()
@@ -237,6 +322,33 @@ class BatchScheduler:
             return {s for s in sources
                     if self.sources.of_job(s, job_id) and seen.get(s, -1) < checkpoint_id}
         return {s for s, c in seen.items() if c == previous and s in sources}
+
+    def hold_left(self, now: float) -> float:
+        """How much longer a job's first checkpoint here is held (0: not held). Writers that
+        start with the job register while its first requests are on their way, and a node
+        sent its first batch as soon as the sources it knew of were pending: one file per
+        node that learned of the job too late. So the batch waits until no source of the
+        job registered here (a writer, a child naming the job) for ``persist_max_wait_s`` / 4,
+        never longer than ``persist_max_wait_s`` after its first request; the sources that
+        registered meanwhile are then waited for as late ones (:meth:`late_for`)."""
+        if not self.pending:
+            return 0.0
+        quiet = self.config.persist_max_wait_s / 4
+        held = [self.sources.registered_at[job] + quiet
+                for job, cid in self.newest_checkpoints().items()
+                if job in self.sources.registered_at and self.is_first(job, cid)]
+        if not held:
+            return 0.0
+        until = max(held)
+        until = min(until, self.pending[0].arrived + self.config.persist_max_wait_s)
+        return max(0.0, until - now)
+
+    def is_first(self, job_id: str, checkpoint_id: int) -> bool:
+        """Whether ``checkpoint_id`` is the job's first checkpoint here (after a deploy, a
+        restart of this actor, a new run of the job)."""
+        seen = self.ckpt_seen.get(job_id, {})
+        return (self.first_ckpt.get(job_id) == checkpoint_id
+                and not any(c < checkpoint_id for c in seen.values()))
 
     def drop_idle_sources(self) -> None:
         """A batch had to wait for the delay: forget sources silent for ``source_idle_s``
@@ -262,7 +374,7 @@ class BatchScheduler:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.extended = False
+        self.extended = self.waited_late = False
         batch, self.pending, self.pending_bytes = self.pending, [], 0
         if batch:
             self.counters.batches += 1
@@ -271,4 +383,5 @@ class BatchScheduler:
     def entries(self) -> dict[str, int]:
         return {"ckpt_seen": sum(len(v) for v in self.ckpt_seen.values()),
                 "sent_for": len(self.sent_for), "marked_up": len(self.marked_up),
-                "first_ckpt": len(self.first_ckpt)}
+                "first_ckpt": len(self.first_ckpt), "unanswered": len(self.unanswered),
+                "processes_answered": len(self.answered_ckpt)}

@@ -57,9 +57,8 @@ class Intake:
                               named: int | None) -> bool:
         await self.dead.vet(caller)
         self.jobs.admit(job_id, caller)
-        self.sources.add_writer(log_id, job_id, None)
+        self.sources.add_writer(log_id, job_id, self.clock.now())  # seen, registered now
         self.dead.registered(log_id, job_id, caller, named)
-        self.sources.seen(log_id, self.clock.now())
         await self.sources.sync_registration()
         return self.dead.on
 
@@ -165,6 +164,8 @@ class Intake:
             for sp in spans or ():
                 tracing.end_span(sp, error=e)
             raise
+        finally:  # its process may send its next writer's request now
+            self.batching.answered(item)
         for sp, x in zip(spans or (), segs, strict=False):
             tracing.end_span(sp, error=x if isinstance(x, BaseException) else None)
         return segs

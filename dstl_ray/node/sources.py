@@ -34,6 +34,12 @@ class Sources:
         # job's first checkpoint here, the sources a batch of that job waits for
         self.child_jobs: dict[str, frozenset[str]] = {}
         self.last_seen: dict[str, float] = {}  # source -> time of its last request
+        # writer -> the process holding it (from its requests: PersistRequest.process), so a
+        # batch does not wait for a writer queued behind its process's own request
+        self.process: dict[str, str] = {}
+        # job -> when a source of it last registered here (a writer, or a child newly
+        # naming the job): a job's first checkpoint is held a little after that
+        self.registered_at: dict[str, float] = {}
         # our last batch was big enough to flush ourselves: then our upstream should not
         # wait for us (it is re-registered as soon as we forward again)
         self.flushes_self = False
@@ -55,6 +61,10 @@ class Sources:
     def writer_jobs(self) -> set[str]:
         return set(self.writers.values())
 
+    def process_of(self, source: str) -> str:
+        """The process holding writer ``source`` ("" for a child node, or not known yet)."""
+        return self.process.get(source, "")
+
     def of_job(self, source: str, job_id: str) -> bool:
         return self.writers.get(source) == job_id or job_id in self.child_jobs.get(
             source, ())
@@ -67,10 +77,17 @@ class Sources:
         self.writers[log_id] = job_id
         if now is not None:
             self.last_seen[log_id] = now
+            self.registered_at[job_id] = now
 
     def remove_writer(self, log_id: str) -> None:
         self.writers.pop(log_id, None)
         self.last_seen.pop(log_id, None)
+        self.process.pop(log_id, None)
+
+    def writer_process(self, log_id: str, process: str) -> None:
+        """Writer ``log_id`` lives in ``process`` (told by its request)."""
+        if process and log_id in self.writers:
+            self.process[log_id] = process
 
     def add_child(self, child: str, jobs: Iterable[str] | None, now: float | None) -> None:
         """``child`` registered (``now``; with its jobs when it says), or sent a batch after
@@ -79,7 +96,11 @@ class Sources:
         if now is not None:
             self.last_seen[child] = now
         if jobs is not None:
-            self.child_jobs[child] = frozenset(jobs)
+            new = frozenset(jobs)
+            if now is not None:  # its subtree gained sources of these jobs just now
+                for job in new - self.child_jobs.get(child, frozenset()):
+                    self.registered_at[job] = now
+            self.child_jobs[child] = new
 
     def remove_child(self, child: str) -> None:
         self.children.discard(child)
@@ -109,6 +130,7 @@ class Sources:
             self.children.discard(s)
             self.child_jobs.pop(s, None)
             self.last_seen.pop(s, None)
+            self.process.pop(s, None)
         return idle
 
     # ------------------------------------------------------------------ upstream
@@ -151,4 +173,5 @@ class Sources:
 
     def entries(self) -> dict[str, int]:
         return {"writers": len(self.writers), "children": len(self.children),
-                "last_seen": len(self.last_seen), "child_jobs": len(self.child_jobs)}
+                "last_seen": len(self.last_seen), "child_jobs": len(self.child_jobs),
+                "processes": len(self.process), "registered_at": len(self.registered_at)}

@@ -37,6 +37,11 @@ class PersistRequest:
     # the newest checkpoint id its log made a handle for (dstl_ray.log.writer: ``named``), so
     # its node knows how far a dead writer's sections may be named
     named: int = -1
+    # the process that holds the writer (stamped by the transport; "" unknown): a node does
+    # not wait for a late writer whose process has a request of its own unanswered there,
+    # since a process whose writers persist in turn sends nothing until that answer
+    # (dstl_ray.node.batching)
+    process: str = ""
 
     @property
     def size(self) -> int:

@@ -145,7 +145,7 @@ def _request_out(r: PersistRequest, blobs: _Blobs) -> dict[str, Any]:
     s = r.section
     return {"job": r.job_id, "src": r.source, "trace": [list(t) for t in r.trace],
             "ckpt": r.checkpoint_id, "caller": _caller_out(r.caller), "sub": r.subsumed,
-            "inc": r.incarnation, "named": r.named,
+            "inc": r.incarnation, "named": r.named, "proc": r.process,
             "sec": {"log": s.log_id.hex(), "data": blobs.add(s.data),
                     "idx": [[e.log_id.hex(), e.key_group, e.sqn_min, e.sqn_max, e.offset,
                              e.length] for e in s.index],
@@ -214,7 +214,8 @@ def _request_in(d: Any, blobs: list[memoryview], taken: set[int]) -> PersistRequ
     return PersistRequest(_want(d["job"], str, "job id"), section, _want(d["src"], str, "source"),
                           trace, _want(d["ckpt"], int, "checkpoint id"),
                           _caller_in(d["caller"]), _want(d["sub"], int, "subsumed"),
-                          _want(d["inc"], str, "incarnation"), _want(d["named"], int, "named"))
+                          _want(d["inc"], str, "incarnation"), _want(d["named"], int, "named"),
+                          _want(d.get("proc", ""), str, "process"))
 
 
 def _seconds(v: Any, what: str) -> float | None:

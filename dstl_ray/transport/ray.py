@@ -111,6 +111,7 @@ class RayNodeTransport:
             self._release_late, [s.log_id for s in sent], results), self._note_cut)
         # node actors admit a job only from its own namespace (dstl_ray.node.namespaces)
         self._caller = current_caller(caller_namespace)
+        self._process = _process_id()  # stamped on requests (PersistRequest.process)
         self._connect()
         info = get_while_restarting(self._handle.info.remote)  # first: it waits for a restart
         self._refresh_lane(self._handle)
@@ -219,7 +220,7 @@ class RayNodeTransport:
         (FLIP-158 batching levels 2-3: all backends of this process), so many writers that
         persist at once cost a few actor calls, not one each."""
         fut: concurrent.futures.Future[Segment] = concurrent.futures.Future()
-        request = dataclasses.replace(request, caller=self._caller)
+        request = dataclasses.replace(request, caller=self._caller, process=self._process)
         with self._cond:
             self._queue.append((request, fut))
             self._start_sender()
@@ -417,6 +418,18 @@ class RayNodeTransport:
                      last_checkpoint: int) -> None:
         release_at_node(self.namespace, self.job_id, self._caller, segment, log_id, used,
                         last_checkpoint)
+
+
+def _process_id() -> str:
+    """This process, as its node actor tells its writers' processes apart: Ray's worker id
+    (a driver's, a Spark Python worker's, an actor's or a task's process)."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_worker_id() or ""
+    except Exception as e:  # noqa: BLE001 - unknown: its writers are waited for as before
+        log.debug("no worker id: %s", e)
+        return ""
 
 
 def _explained(e: BaseException, node: str) -> BaseException:

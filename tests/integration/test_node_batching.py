@@ -358,3 +358,64 @@ def test_writers_on_the_nodes_machine_use_the_local_lane(tree_factory, namespace
         assert first.closed is not None
     client.close()
     assert client.transport.lane is None
+
+
+@ray.remote(num_cpus=0)
+class _TwoWritersInTurn:
+    """One process holding two writers that persist one after the other, as an executor
+    running two subtasks on one core does."""
+
+    def __init__(self, namespace: str) -> None:
+        self.client = StateChangelogClient("inturn", namespace=namespace)
+        self.writers = [self.client.create_writer(f"op{i}", KeyGroupRange(i, i))
+                        for i in range(2)]
+
+    def node(self) -> str:
+        return self.client.node_name
+
+    def checkpoint(self, cp: int, in_turn: bool) -> tuple[float, list[str]]:
+        """Both writers' changes of ``cp`` durable; (seconds, handles as JSON)."""
+        for i, w in enumerate(self.writers):
+            w.append(i, f"cp{cp}-w{i}".encode())
+        t0 = time.monotonic()
+        if in_turn:
+            handles = [w.persist_durably(0, checkpoint_id=cp).result(timeout=30)
+                       for w in self.writers]
+        else:
+            futures = [w.persist_durably(0, checkpoint_id=cp) for w in self.writers]
+            handles = [f.result(timeout=30) for f in futures]
+        return time.monotonic() - t0, [h.to_json() for h in handles]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def test_writers_of_one_process_persisting_in_turn_do_not_wait_for_each_other(
+        tree_factory, namespace, tmp_path):
+    """Issue 28 item 6: the second writer sent the previous checkpoint, so its node took it
+    for late and waited persist_max_wait_s (0.5 s) for a request that could only come after
+    the answer to the first one's: every checkpoint cost 0.5 s (on the old code
+    waits_for_late grew by one per checkpoint and the p50 was ~510 ms). Now the node knows
+    both writers live in one process, that this process waits for each answer (learned from
+    the checkpoint before), and that it has a request unanswered: it does not wait."""
+    from dstl_ray import StateChangelogHandle
+
+    tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_max_wait_s=0.5)
+    actor = _TwoWritersInTurn.remote(namespace)
+    try:
+        ray.get(actor.checkpoint.remote(0, False))  # both at once: each sent a checkpoint
+        ray.get(actor.checkpoint.remote(1, True))  # in turn: the node learns it (one wait)
+        before = sum(s["waits_for_late"] for s in tree.status())
+        took = []
+        for cp in range(2, 8):
+            seconds, handles = ray.get(actor.checkpoint.remote(cp, True))
+            took.append(seconds)
+        waits = sum(s["waits_for_late"] for s in tree.status()) - before
+        assert waits == 0, (waits, took)
+        assert sorted(took)[len(took) // 2] < 0.25, took
+        for i, text in enumerate(handles):
+            got = StateChangelogHandle.from_json(text).read_all()
+            assert got == {i: [f"cp{cp}-w{i}".encode() for cp in range(8)]}
+    finally:
+        ray.get(actor.close.remote())
+        ray.kill(actor)

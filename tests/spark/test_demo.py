@@ -28,4 +28,11 @@ def test_demo_short_run(tmp_path):
     assert summary["state_matches_recomputation"] is True
     assert summary["state_reader_rows"] >= 3 * summary["users"] > 0  # count, sum, hist
     assert summary["batches"] >= 2 and summary["killed"] and summary["recovery_s"] is not None
+    # recovery restores speed: p50 before the failure and after the cluster healed
+    before = summary["checkpoint_ms_p50_before_failure"]
+    after = summary["checkpoint_ms_p50_after_recovery"]
+    assert before > 0 and "healed_s" in summary
+    assert after is None or after > 0
+    if summary["checkpoints_after_recovery"] >= 10:  # enough to mean something
+        assert after <= 1.2 * before, summary
     assert (base / "checkpoint_latency.png").stat().st_size > 1000

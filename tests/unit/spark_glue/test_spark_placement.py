@@ -25,3 +25,23 @@ def test_executor_id_from_local_dirs(monkeypatch):
     assert executor_id() == "7"
     monkeypatch.setenv("SPARK_LOCAL_DIRS", "")
     assert executor_id() is None
+
+
+def test_an_over_loaded_executor_gives_subtasks_to_an_idle_replacement():
+    """Issue 28 item 6: executor 2 was lost, its subtask's retry ran on executor 1, and the
+    replacement executor 3 joined. On the old code the plan kept subtasks 1 and 2 on
+    executor 1 for good (one core: they ran one after the other, every batch) and gave
+    executor 3 nothing."""
+    hosts = {"0": "h", "1": "h", "3": "h"}
+    got = plan(3, {0: "0", 1: "1", 2: "1"}, hosts)
+    assert got == {0: "0", 1: "1", 2: "3"}
+    assert plan(3, got, hosts) == got, "then it stays"
+
+
+def test_spreading_moves_only_what_is_above_the_share():
+    hosts = {"0": "h", "1": "h", "2": "h"}
+    got = plan(6, {0: "0", 1: "0", 2: "0", 3: "0", 4: "1", 5: "1"}, hosts)
+    assert got[0] == got[1] == "0" and got[4] == got[5] == "1"
+    assert sorted(got.values()) == ["0", "0", "1", "1", "2", "2"]
+    even = {0: "0", 1: "0", 2: "1", 3: "1"}  # 2 + 2 + 0: nobody is above the share of 2
+    assert plan(4, even, hosts) == even

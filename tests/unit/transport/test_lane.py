@@ -37,7 +37,7 @@ def _req(tag: str, data: bytes | None = None) -> PersistRequest:
     body = data if data is not None else tag.encode()
     section = EncodedSection(log, body, (BlockIndex(log, 3, 1, 2, 0, len(body)),), 1, 2, 0)
     return PersistRequest("job", section, tag, (("traceparent", "00-ab-cd-01"),), 7,
-                          Caller("ns", "01000000", True), 4, "inc-1", 6)
+                          Caller("ns", "01000000", True), 4, "inc-1", 6, "worker-1")
 
 
 def _seg(tag: str) -> Segment:
