@@ -316,12 +316,14 @@ class CheckpointCoordinator:
         """A full, self-contained snapshot (FLINK-5053) in a new directory
         ``{job}/savepoint-{random}/`` (:func:`start_savepoint`; its id is the checkpoint
         counter's, its directory never is): no shared files, restorable at any parallelism,
-        never written into or deleted by this or any later run of the job."""
+        never written into or deleted by this or any later run of the job. Its marker names
+        this incarnation, and its ``_metadata`` is written only while the lease holds."""
+        inc = self.incarnation  # the job's lease, before anything is written
         with self._lock:
             n = self._new_id()
             backends = list(self.backends)
         return start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
-                               self.storage)
+                               self.storage, incarnation=str(inc), guard=self.lease.check)
 
     # ------------------------------------------------------------------ recovery
 
@@ -359,7 +361,7 @@ class CheckpointCoordinator:
         plan = plan_restore(retained, broken, checkpoint, mode, fallback, self.retained_count,
                             lambda cc: restore_backends(client, cc, operator_id, parallelism,
                                                         self.max_parallelism,
-                                                        **backend_options))
+                                                        **backend_options), self.base_path)
         chosen = plan.chosen
         if plan.drop:
             self.lease.check()  # a fenced driver deletes nothing

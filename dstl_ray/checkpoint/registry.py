@@ -47,8 +47,11 @@ def _delete_url(url: str) -> None:
 
 
 def file_key(url: str) -> str:
-    """The registry's key of the file at ``url``: its normalized URL (one file, one key,
-    however its URL was spelled; two files of one name at two paths, two keys)."""
+    """The registry's key of the file at ``url``: its normalized URL, the one spelling its
+    storage lists it under (:func:`~dstl_ray.storage.base.normalize_url`): one file, one
+    key, whether a checkpoint named it or a listing found it (``memory:///m/f`` and a
+    listing's ``memory://m/f`` are one key; two files of one name at two paths, two keys).
+    Every key of the registry, claimed directories' included, is made here."""
     return normalize_url(url)
 
 
@@ -164,7 +167,7 @@ class SharedStateRegistry:
         lister, the orphan cleanup of the next recovery gets them)."""
         with self._lock:
             before = {p for ps in self._claims.values() for p in ps}
-            new = frozenset(d.rstrip("/") + "/" for d in directories)
+            new = frozenset(file_key(d) + "/" for d in directories)
             if new:
                 self._claims[owner] = new
             else:
@@ -174,7 +177,8 @@ class SharedStateRegistry:
                   for u in self._listing(p)]
         with self._lock:
             for url in listed:  # files the registry forgot, of a directory nobody claims
-                self._urls.setdefault(file_key(url), url)
+                key = file_key(url)
+                self._urls.setdefault(key, key)
             for name in list(self._urls):
                 if name in self._candidates:
                     if self._claimed(name):
@@ -192,9 +196,10 @@ class SharedStateRegistry:
             return []
 
     def _claimed(self, name: str) -> bool:
-        url = self._urls.get(name)
-        return url is not None and any(url.startswith(p) for ps in self._claims.values()
-                                       for p in ps)
+        """The file of key ``name`` lies in a claimed directory (keys and claims are both
+        normalized: no spelling of either hides a claim)."""
+        return name in self._urls and any(name.startswith(p) for ps in self._claims.values()
+                                          for p in ps)
 
     # ------------------------------------------------------------------ queries
 
