@@ -335,12 +335,14 @@ class CheckpointCoordinator:
         backends of ``operator_id`` from ``checkpoint`` (a ``_metadata`` URL, possibly of
         another job or a savepoint) or else the latest complete one, delete orphans, and
         register the backends. With ``fallback`` a checkpoint whose files are missing or
-        corrupt is skipped for the next older retained one; otherwise the error names both."""
+        corrupt is skipped for the next older retained one; otherwise the error names both.
+        Orphans are cleaned by the restore that starts this run (takes the lease) only: a
+        later one (another operator) would delete this run's live files."""
         took = self.lease.incarnation is None
         self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
         try:
             return self._restore(client, operator_id, parallelism, checkpoint, mode,
-                                 fallback, cleanup, backend_options)
+                                 fallback, cleanup and took, backend_options)
         except BaseException:
             if took:  # the job did not start: the next driver need not wait
                 self.lease.release()

@@ -1,8 +1,9 @@
-"""A savepoint in progress (docs/architecture.md "Checkpoint lifecycle"): its marker names
-the incarnation writing it, so orphan cleanup spares it while that run holds the job and
-removes it once a later run took the job over; its ``_metadata`` is written only while the
-lease holds, its marker is its own and every part file is there, and never over an existing
-one. The wait for its parts is bounded. Ages are never judged by a clock."""
+"""A savepoint in progress, and a driver's second restore (docs/architecture.md "Checkpoint
+lifecycle"). A savepoint's marker names the incarnation writing it, so orphan cleanup
+spares it while that run holds the job and removes it once a later run took the job over;
+its ``_metadata`` is written only while the lease holds, its marker is its own and every
+part file is there, and never over an existing one. The wait for its parts is bounded.
+Ages are never judged by a clock. Only the restore that starts a run cleans orphans."""
 
 from __future__ import annotations
 
@@ -209,3 +210,24 @@ def test_orphan_cleanup_judges_savepoints_in_progress_by_incarnation(tmp_path):
                               incarnation=current)
     assert {u.split("/")[-2] for u in deleted} == {"savepoint-older", "savepoint-unnamed"}
     assert left() == {"savepoint-complete", "savepoint-same", "savepoint-newer"}
+
+
+def test_a_second_restore_of_the_driver_deletes_none_of_its_live_files(tmp_path):
+    """A driver restores a second operator after the first one materialized: the first
+    one's new state files are named by no checkpoint yet, but they are this run's own and
+    live. The second restore's orphan cleanup deleted them, and the next checkpoint named
+    deleted files. Only the restore that starts the run cleans orphans."""
+    base = f"file://{tmp_path}/dfs"
+    coord, bs, oracle = _start(base)
+    for i in range(20):
+        oracle.put(bs, f"k{i}", i + 100)
+    for b in bs:
+        b.materialize(force=True).result(timeout=60)
+    coord.restore(client(JOB, base), "op2", 1, materialization_interval=None)
+    cc = coord.trigger_checkpoint().result(timeout=60)
+    assert [u for u in cc.files.values() if not get_storage(u).exists(u)] == []
+    coord.shutdown()
+    again = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP)
+    restored = again.restore(client(JOB, base), "op", 2, materialization_interval=None)
+    assert dump_all(restored) == oracle.state
+    again.shutdown()
