@@ -230,7 +230,7 @@ class CheckpointCoordinator:
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps))
         files = meta.files(url)
-        self.registry.register(n, files)  # so a declined checkpoint's files get cleaned
+        self.registry.register(url, files)  # so a declined checkpoint's files get cleaned
         try:
             if error is not None:
                 raise error
@@ -244,7 +244,8 @@ class CheckpointCoordinator:
             self.storage.write_file(url, text)
         except BaseException as e:  # noqa: BLE001
             self.declined += 1
-            self.registry.release(n)
+            self.registry.release(url)
+            self.registry.checkpoint_finished(n)
             log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
@@ -308,7 +309,7 @@ class CheckpointCoordinator:
             delete_metadata(cc.metadata_url)
         except DstlError as e:
             log.warning("cannot delete %s: %s", cc.metadata_url, e)
-        self.registry.release(cc.checkpoint_id)
+        self.registry.release(cc.metadata_url)
 
     # ------------------------------------------------------------------ savepoints
 

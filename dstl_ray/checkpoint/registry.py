@@ -55,6 +55,13 @@ def file_key(url: str) -> str:
     return normalize_url(url)
 
 
+CheckpointRef = int | str  # what a checkpoint's references are held under: id or metadata URL
+
+
+def _ref(checkpoint: CheckpointRef) -> CheckpointRef:
+    return checkpoint if isinstance(checkpoint, int) else file_key(checkpoint)
+
+
 class SharedStateRegistry:
     """Reference counts of shared state files, by normalized URL (:func:`file_key`).
 
@@ -74,7 +81,7 @@ class SharedStateRegistry:
         self._lock = threading.Lock()
         self._refs: dict[str, int] = {}
         self._urls: dict[str, str] = {}
-        self._by_checkpoint: dict[int, set[str]] = {}
+        self._by_checkpoint: dict[CheckpointRef, set[str]] = {}
         self._pins: dict[str, set[str]] = {}
         self._pending: set[int] = set()
         self._last_started = 0
@@ -95,10 +102,12 @@ class SharedStateRegistry:
             self._pending.add(checkpoint_id)
             self._last_started = max(self._last_started, checkpoint_id)
 
-    def register(self, checkpoint_id: int, files: Mapping[str, str]) -> None:
-        """Add ``files`` (name -> URL) to the references of ``checkpoint_id``."""
+    def register(self, checkpoint: CheckpointRef, files: Mapping[str, str]) -> None:
+        """Add ``files`` (name -> URL) to the references of ``checkpoint``: its metadata
+        URL (the coordinator's: two retained checkpoints of one id, the job's own and a
+        claimed one of another job, hold their references apart) or its id."""
         with self._lock:
-            names = self._by_checkpoint.setdefault(checkpoint_id, set())
+            names = self._by_checkpoint.setdefault(_ref(checkpoint), set())
             for url in files.values():
                 name = file_key(url)
                 self._urls.setdefault(name, url)
@@ -113,11 +122,13 @@ class SharedStateRegistry:
             self._pending.discard(checkpoint_id)
         self.collect()
 
-    def release(self, checkpoint_id: int) -> None:
-        """Drop every reference of ``checkpoint_id`` (subsumed, declined or discarded)."""
+    def release(self, checkpoint: CheckpointRef) -> None:
+        """Drop every reference of ``checkpoint`` (subsumed, declined or discarded); an id
+        is no longer pending either."""
         with self._lock:
-            self._pending.discard(checkpoint_id)
-            for name in self._by_checkpoint.pop(checkpoint_id, set()):
+            if isinstance(checkpoint, int):
+                self._pending.discard(checkpoint)
+            for name in self._by_checkpoint.pop(_ref(checkpoint), set()):
                 self._refs[name] -= 1
                 if self._refs[name] == 0:
                     del self._refs[name]
@@ -236,9 +247,9 @@ class SharedStateRegistry:
                 self._refs)
             return {n: self._urls[n] for n in names}
 
-    def checkpoint_files(self, checkpoint_id: int) -> set[str]:
+    def checkpoint_files(self, checkpoint: CheckpointRef) -> set[str]:
         with self._lock:
-            return set(self._by_checkpoint.get(checkpoint_id, set()))
+            return set(self._by_checkpoint.get(_ref(checkpoint), set()))
 
     # ------------------------------------------------------------------ deletion
 

@@ -12,9 +12,9 @@ A savepoint's files are the user's whatever the mode: any file a restored or kep
 checkpoint names inside a savepoint's directory is protected too, so no registry
 registration (CLAIM included) ever takes one over. A checkpoint under another base path
 than the job's (a copy of the job's directory: a backup) cannot be claimed
-(:func:`check_claim`), nor can a foreign checkpoint whose id is that of one of the job's own
-retained checkpoints: two retained checkpoints of one id would share their references in
-the registry, and subsuming one would drop the other's. Both restore in NO_CLAIM mode.
+(:func:`check_claim`); it restores in NO_CLAIM mode. A claimed checkpoint may have the id
+of one of the job's own retained checkpoints: the registry holds references per metadata
+URL, so subsuming one never drops the other's.
 
 The coordinator applies the plan: it keeps its retained list, and hands the files to
 :func:`settle_files` (references, protection, orphan cleanup) and the backends to its own
@@ -112,13 +112,6 @@ def plan_restore(retained: list[CompletedCheckpoint], broken: list[tuple[str, Re
         external = None if own else ext
         if not own and mode is RestoreMode.CLAIM and not ext.is_savepoint:
             check_claim(ext, base_path)
-            same = [c.metadata_url for c in retained if c.checkpoint_id == ext.checkpoint_id]
-            if same:
-                raise RestoreError(
-                    f"cannot claim checkpoint {ext.metadata_url}: the job's own retained "
-                    f"checkpoint {same[0]} has the same id {ext.checkpoint_id} (a copy of "
-                    f"the job's directory?); restore it in NO_CLAIM mode, or restore the "
-                    f"job's own checkpoint", checkpoint=ext.metadata_url)
     else:
         own, external = True, None
         newest_ok = max((c.checkpoint_id for c in retained), default=-1)
@@ -176,7 +169,7 @@ def register_kept(plan: RestorePlan, registry: SharedStateRegistry) -> None:
     """The kept checkpoints reference their files: before the coordinator lists them as
     retained, so a checkpoint dropped at once releases references it holds."""
     for c in plan.keep:
-        registry.register(c.checkpoint_id, c.files)
+        registry.register(c.metadata_url, c.files)
 
 
 def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLease,

@@ -139,6 +139,40 @@ def test_a_copy_with_the_id_of_an_own_checkpoint_restores_in_no_claim_mode(tmp_p
     coord.shutdown()
 
 
+def test_a_claimed_checkpoint_may_have_the_id_of_an_own_one(tmp_path):
+    """Job "job" claims job "other"'s checkpoint 2 (same base path) while it retains its own
+    checkpoint 2. The registry holds references per metadata URL, so the two are retained
+    side by side and subsuming one never drops the other's references (keyed by id, it
+    did; the claim was refused for that reason). Every file of both goes once subsumed."""
+    base, oracle = f"file://{tmp_path}/dfs", Oracle()
+    coord, bs = _job(base)
+    _step(coord, bs, oracle, "a")
+    own = _step(coord, bs, oracle, "b", materialize=True)
+    coord.shutdown()
+    other = d.CheckpointCoordinator("other", base, max_parallelism=MAXP, retained=2)
+    obs = other.restore(client("other", base), "op", 2, materialization_interval=None)
+    theirs_state = Oracle()
+    _step(other, obs, theirs_state, "x")
+    theirs = _step(other, obs, theirs_state, "y", materialize=True)
+    other.shutdown()
+    assert own.checkpoint_id == theirs.checkpoint_id == 2
+    theirs_files = set(theirs.files.values())
+
+    coord, bs = _job(base, checkpoint=theirs.metadata_url, mode=d.RestoreMode.CLAIM)
+    assert dump_all(bs) == theirs_state.state
+    assert [c.metadata_url for c in coord.completed_checkpoints()][-2:] in (
+        [own.metadata_url, theirs.metadata_url], [theirs.metadata_url, own.metadata_url])
+    cc = coord.trigger_checkpoint().result(timeout=60)
+    assert all(get_storage(u).exists(u) for u in cc.files.values())
+    _run_on(coord, bs, theirs_state)
+    assert files(base, JOB) == referenced(coord)
+    assert not theirs_files & files(base, "other")  # claimed, then subsumed: deleted
+    coord.shutdown()
+    coord, bs = _job(base)
+    assert dump_all(bs) == theirs_state.state
+    coord.shutdown()
+
+
 def test_no_claim_restore_from_a_backup_with_file_merging_keeps_the_jobs_segments(tmp_path):
     """With file merging (FLIP-306), a restore took over a segment by its path relative to
     the job directory: the copy's ``shared/{subtask}/X`` was adopted as the job's own

@@ -136,3 +136,19 @@ def test_a_claim_spelled_otherwise_still_claims():
     reg.checkpoint_finished(1)
     reg.release(1)
     assert deleted == []
+
+
+def test_two_checkpoints_of_one_id_hold_their_references_apart():
+    """References are held per metadata URL: the job's own checkpoint 2 and a claimed
+    checkpoint 2 of another job; releasing one leaves the other's files counted."""
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
+    own, theirs = "file:///dfs/job/chk-2/_metadata", "file:///dfs/other/chk-2/_metadata"
+    reg.register(own, {"a": "file:///dfs/job/mat/a", "s": "file:///dfs/shared/s"})
+    reg.register(theirs, {"b": "file:///dfs/other/mat/b", "s": "file:///dfs/shared/s"})
+    reg.release(own)
+    assert deleted == ["file:///dfs/job/mat/a"]
+    assert reg.reference_count("file:///dfs/shared/s") == 1
+    reg.release("file:///dfs//other/chk-2/_metadata/")  # one checkpoint, any spelling
+    assert sorted(deleted) == ["file:///dfs/job/mat/a", "file:///dfs/other/mat/b",
+                               "file:///dfs/shared/s"]

@@ -102,12 +102,12 @@ def test_a_driver_that_lost_the_job_never_completes_its_savepoint(tmp_path):
     A must not write ``_metadata``: its lease check fails. (It wrote it unchecked: the
     savepoint "succeeded" naming files that no longer existed.)"""
     base = f"file://{tmp_path}/dfs"
-    a, bs, _ = _start(base, lease_ttl_s=1.0)
+    a, bs, _ = _start(base)
     gate = _hold_part(bs[1])
     future = a.trigger_savepoint()
     _wait_for_files(base, 3)
     a.abandon()
-    b = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP, lease_ttl_s=1.0)
+    b = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP)
     b.restore(client(JOB, base), "op", 2, materialization_interval=None)
     assert _savepoint_dirs(base) == {}  # an older incarnation's savepoint in progress
     gate.set()
