@@ -110,7 +110,7 @@ def start_savepoint(job_id: str, n: int, job_path: str,
                 raise failed[0].exception()  # type: ignore[misc]
             if late:
                 raise CheckpointDeclinedError(f"{len(late)} of {len(futures)} parts not "
-                                              f"done after {timeout:.0f}s")
+                                              f"done after {timeout:g}s")
             snaps = tuple(f.result() for f in futures)
             meta = CheckpointMetadata(job_id, n, "savepoint", max_parallelism, snaps)
             text = meta.to_json().encode()
