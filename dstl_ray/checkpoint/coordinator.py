@@ -238,7 +238,7 @@ class CheckpointCoordinator:
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps))
         files = meta.files(url)
-        self.registry.register(n, files)  # so a declined checkpoint's files get cleaned
+        self.registry.register(url, files)  # so a declined checkpoint's files get cleaned
         try:
             if error is not None:
                 raise error
@@ -252,7 +252,8 @@ class CheckpointCoordinator:
             self.storage.write_file(url, text)
         except BaseException as e:  # noqa: BLE001
             self.declined += 1
-            self.registry.release(n)
+            self.registry.release(url)
+            self.registry.checkpoint_finished(n)
             log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
@@ -316,7 +317,7 @@ class CheckpointCoordinator:
             delete_metadata(cc.metadata_url)
         except DstlError as e:
             log.warning("cannot delete %s: %s", cc.metadata_url, e)
-        self.registry.release(cc.checkpoint_id)
+        self.registry.release(cc.metadata_url)
 
     # ------------------------------------------------------------------ savepoints
 
@@ -324,12 +325,14 @@ class CheckpointCoordinator:
         """A full, self-contained snapshot (FLINK-5053) in a new directory
         ``{job}/savepoint-{random}/`` (:func:`start_savepoint`; its id is the checkpoint
         counter's, its directory never is): no shared files, restorable at any parallelism,
-        never written into or deleted by this or any later run of the job."""
+        never written into or deleted by this or any later run of the job. Its marker names
+        this incarnation, and its ``_metadata`` is written only while the lease holds."""
+        inc = self.incarnation  # the job's lease, before anything is written
         with self._lock:
             n = self._new_id()
             backends = list(self.backends)
         return start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
-                               self.storage)
+                               self.storage, incarnation=str(inc), guard=self.lease.check)
 
     # ------------------------------------------------------------------ recovery
 
@@ -341,12 +344,14 @@ class CheckpointCoordinator:
         backends of ``operator_id`` from ``checkpoint`` (a ``_metadata`` URL, possibly of
         another job or a savepoint) or else the latest complete one, delete orphans, and
         register the backends. With ``fallback`` a checkpoint whose files are missing or
-        corrupt is skipped for the next older retained one; otherwise the error names both."""
+        corrupt is skipped for the next older retained one; otherwise the error names both.
+        Orphans are cleaned by the restore that starts this run (takes the lease) only: a
+        later one (another operator) would delete this run's live files."""
         took = self.lease.incarnation is None
         self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
         try:
             return self._restore(client, operator_id, parallelism, checkpoint, mode,
-                                 fallback, cleanup, backend_options)
+                                 fallback, cleanup and took, backend_options)
         except BaseException:
             if took:  # the job did not start: the next driver need not wait
                 self.lease.release()
@@ -367,7 +372,7 @@ class CheckpointCoordinator:
         plan = plan_restore(retained, broken, checkpoint, mode, fallback, self.retained_count,
                             lambda cc: restore_backends(client, cc, operator_id, parallelism,
                                                         self.max_parallelism,
-                                                        **backend_options))
+                                                        **backend_options), self.base_path)
         chosen = plan.chosen
         for c in plan.drop:  # retained checkpoints newer than the chosen one are broken
             self.lease.check()  # per delete: a driver fenced meanwhile deletes nothing more

@@ -8,6 +8,7 @@ state first, then changelog replay filtered by key group and sqn.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -19,6 +20,7 @@ from ..keygroups import key_group_range_for_subtask
 from ..state.backend import ChangelogKeyedStateBackend, RestoreSource
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
+from .lease_record import Incarnation
 from .snapshot import METADATA_FILE, CheckpointMetadata, split_metadata_url
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,7 @@ SAVEPOINT_PREFIX = "savepoint-"  # a savepoint's directory, directly under its j
 # (``savepoint-{random}`` since savepoints stopped taking their name from the checkpoint
 # counter, ``savepoint-{n}`` before: both are recognized)
 _SAVEPOINT_DIR = re.compile("^/(" + SAVEPOINT_PREFIX + "[^/]+)/")
+SAVEPOINT_MARKER = "_savepoint"  # created first in a savepoint's directory, only where absent
 
 
 @dataclass(frozen=True)
@@ -61,11 +64,12 @@ def load_checkpoint(metadata_url: str, storage: Storage | None = None) -> Comple
 
 def list_checkpoints(job_path: str, storage: Storage | None = None) -> list[tuple[int, str]]:
     """(id, metadata URL) of every ``chk-n/_metadata`` in the job directory, oldest first."""
-    st = storage or get_storage(job_path)
+    root = normalize_url(job_path)
+    st = storage or get_storage(root)
     out = []
-    for url in st.list_files(job_path):
+    for url in map(normalize_url, st.list_files(root)):
         m = _CHK.search(url)
-        if m and url.startswith(job_path + "/"):
+        if m and url.startswith(root + "/"):
             out.append((int(m.group(1)), url))
     return sorted(out)
 
@@ -114,23 +118,36 @@ def restore_backends(client: Any, checkpoint: CompletedCheckpoint | None, operat
 
 def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = None,
                     candidates: Sequence[str] | None = None,
+                    incarnation: Incarnation | None = None,
                     check: Callable[[], None] | None = None) -> list[str]:
     """FLIP-158 "Cleanup after recovery": delete every file under the job directory that is
-    not in ``keep`` (URLs) and not part of a complete savepoint. Run before checkpointing
-    (re)starts, so no new pending file can be removed. ``candidates``: a listing of the job
-    directory taken before the restore wrote anything (default: list it now); files created
-    after it are never touched. ``check`` (the job lease's) runs before every delete and
-    stops the cleanup by raising: a driver fenced midway deletes nothing more."""
+    not in ``keep`` (URLs) and not part of a savepoint. Run before checkpointing (re)starts,
+    so no new pending file can be removed. ``candidates``: a listing of the job directory
+    taken before the restore wrote anything (default: list it now); files created after it
+    are never touched. Every URL is compared in its normalized form.
+
+    A savepoint directory with a ``_metadata`` is complete: the user's, never touched. One
+    without is a savepoint in progress or the remains of one whose driver lost the job. Its
+    marker names the incarnation that wrote it (``incarnation``: the one running this
+    cleanup, the lease's holder): a marker of this incarnation or a newer one is a savepoint
+    still running, spared; one of an older incarnation, or without an incarnation, or no
+    marker at all, goes (its driver lost the job and can no longer write its
+    ``_metadata``: it checks its lease first). Ages are never judged by a clock. Without
+    ``incarnation`` every directory with a marker is spared. ``check`` (the job lease's) runs
+    before every delete and stops the cleanup by raising: a driver fenced midway deletes
+    nothing more."""
     st = storage or get_storage(job_path)
-    files = list(candidates) if candidates is not None else st.list_files(job_path)
-    complete_savepoints = {m.group(1) for u in files if u.endswith("/" + METADATA_FILE)
-                           and (m := _SAVEPOINT_DIR.search(u[len(job_path):]))}
+    root = normalize_url(job_path)
+    listed = list(candidates) if candidates is not None else st.list_files(root)
+    files = [normalize_url(u) for u in listed]
+    keep_urls = {normalize_url(u) for u in keep}
+    spared = _savepoints_to_keep(root, files, st, incarnation)
     deleted = []
     for url in files:
-        if url in keep:
+        if url in keep_urls:
             continue
-        m = _SAVEPOINT_DIR.search(url[len(job_path):])
-        if m and m.group(1) in complete_savepoints:
+        m = _SAVEPOINT_DIR.search(url[len(root):]) if url.startswith(root + "/") else None
+        if m and m.group(1) in spared:
             continue
         if check is not None:
             check()
@@ -140,5 +157,56 @@ def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = Non
         except DstlError as e:
             log.warning("orphan cleanup cannot delete %s: %s", url, e)
     if deleted:
-        log.info("orphan cleanup deleted %d files under %s", len(deleted), job_path)
+        log.info("orphan cleanup deleted %d files under %s", len(deleted), root)
     return deleted
+
+
+def _savepoints_to_keep(root: str, files: Sequence[str], storage: Storage,
+                        incarnation: Incarnation | None) -> set[str]:
+    """Names of the savepoint directories under job directory ``root`` (``files``: its
+    normalized listing) that orphan cleanup must not touch: complete ones, and those in
+    progress by ``incarnation`` or a newer one (see :func:`cleanup_orphans`)."""
+    dirs: dict[str, set[str]] = {}
+    for url in files:
+        m = _SAVEPOINT_DIR.search(url[len(root):]) if url.startswith(root + "/") else None
+        if m:
+            dirs.setdefault(m.group(1), set()).add(url[len(root) + len(m.group(0)):])
+    keep = set()
+    for name, inside in dirs.items():
+        directory = join(root, name)
+        if METADATA_FILE in inside:
+            keep.add(name)
+            continue
+        if SAVEPOINT_MARKER not in inside:
+            continue  # parts are written after the marker only: remains of a failed one
+        try:
+            if storage.exists(join(directory, METADATA_FILE)):
+                keep.add(name)  # completed since the listing
+                continue
+            writer = marker_incarnation(storage.read_file(join(directory, SAVEPOINT_MARKER)))
+        except StorageError as e:  # never delete on doubt: the next recovery tries again
+            log.warning("orphan cleanup keeps savepoint directory %s: %s", directory, e)
+            keep.add(name)
+            continue
+        if incarnation is None or (writer is not None and writer.epoch >= incarnation.epoch):
+            keep.add(name)
+    return keep
+
+
+def savepoint_marker(job_id: str, checkpoint_id: int, incarnation: str) -> bytes:
+    """The content of a savepoint directory's marker ``_savepoint``: whose directory it is
+    and which incarnation of the job writes the savepoint (orphan cleanup spares a savepoint
+    in progress of a current incarnation)."""
+    return json.dumps({"type": "dstl-savepoint", "job": job_id, "id": checkpoint_id,
+                       "incarnation": incarnation}, sort_keys=True).encode()
+
+
+def marker_incarnation(data: bytes) -> Incarnation | None:
+    """The incarnation a marker names; None for a marker without one (written before
+    markers named it) or one that does not parse."""
+    try:
+        rec = json.loads(data)
+        return Incarnation.parse(str(rec.get("incarnation") or "")) if isinstance(
+            rec, dict) else None
+    except (ValueError, DstlError):
+        return None

@@ -47,9 +47,19 @@ def _delete_url(url: str) -> None:
 
 
 def file_key(url: str) -> str:
-    """The registry's key of the file at ``url``: its normalized URL (one file, one key,
-    however its URL was spelled; two files of one name at two paths, two keys)."""
+    """The registry's key of the file at ``url``: its normalized URL, the one spelling its
+    storage lists it under (:func:`~dstl_ray.storage.base.normalize_url`): one file, one
+    key, whether a checkpoint named it or a listing found it (``memory:///m/f`` and a
+    listing's ``memory://m/f`` are one key; two files of one name at two paths, two keys).
+    Every key of the registry, claimed directories' included, is made here."""
     return normalize_url(url)
+
+
+CheckpointRef = int | str  # what a checkpoint's references are held under: id or metadata URL
+
+
+def _ref(checkpoint: CheckpointRef) -> CheckpointRef:
+    return checkpoint if isinstance(checkpoint, int) else file_key(checkpoint)
 
 
 class SharedStateRegistry:
@@ -71,7 +81,7 @@ class SharedStateRegistry:
         self._lock = threading.Lock()
         self._refs: dict[str, int] = {}
         self._urls: dict[str, str] = {}
-        self._by_checkpoint: dict[int, set[str]] = {}
+        self._by_checkpoint: dict[CheckpointRef, set[str]] = {}
         self._pins: dict[str, set[str]] = {}
         self._pending: set[int] = set()
         self._last_started = 0
@@ -92,10 +102,12 @@ class SharedStateRegistry:
             self._pending.add(checkpoint_id)
             self._last_started = max(self._last_started, checkpoint_id)
 
-    def register(self, checkpoint_id: int, files: Mapping[str, str]) -> None:
-        """Add ``files`` (name -> URL) to the references of ``checkpoint_id``."""
+    def register(self, checkpoint: CheckpointRef, files: Mapping[str, str]) -> None:
+        """Add ``files`` (name -> URL) to the references of ``checkpoint``: its metadata
+        URL (the coordinator's: two retained checkpoints of one id, the job's own and a
+        claimed one of another job, hold their references apart) or its id."""
         with self._lock:
-            names = self._by_checkpoint.setdefault(checkpoint_id, set())
+            names = self._by_checkpoint.setdefault(_ref(checkpoint), set())
             for url in files.values():
                 name = file_key(url)
                 self._urls.setdefault(name, url)
@@ -110,11 +122,13 @@ class SharedStateRegistry:
             self._pending.discard(checkpoint_id)
         self.collect()
 
-    def release(self, checkpoint_id: int) -> None:
-        """Drop every reference of ``checkpoint_id`` (subsumed, declined or discarded)."""
+    def release(self, checkpoint: CheckpointRef) -> None:
+        """Drop every reference of ``checkpoint`` (subsumed, declined or discarded); an id
+        is no longer pending either."""
         with self._lock:
-            self._pending.discard(checkpoint_id)
-            for name in self._by_checkpoint.pop(checkpoint_id, set()):
+            if isinstance(checkpoint, int):
+                self._pending.discard(checkpoint)
+            for name in self._by_checkpoint.pop(_ref(checkpoint), set()):
                 self._refs[name] -= 1
                 if self._refs[name] == 0:
                     del self._refs[name]
@@ -164,7 +178,7 @@ class SharedStateRegistry:
         lister, the orphan cleanup of the next recovery gets them)."""
         with self._lock:
             before = {p for ps in self._claims.values() for p in ps}
-            new = frozenset(d.rstrip("/") + "/" for d in directories)
+            new = frozenset(file_key(d) + "/" for d in directories)
             if new:
                 self._claims[owner] = new
             else:
@@ -174,7 +188,8 @@ class SharedStateRegistry:
                   for u in self._listing(p)]
         with self._lock:
             for url in listed:  # files the registry forgot, of a directory nobody claims
-                self._urls.setdefault(file_key(url), url)
+                key = file_key(url)
+                self._urls.setdefault(key, key)
             for name in list(self._urls):
                 if name in self._candidates:
                     if self._claimed(name):
@@ -192,9 +207,10 @@ class SharedStateRegistry:
             return []
 
     def _claimed(self, name: str) -> bool:
-        url = self._urls.get(name)
-        return url is not None and any(url.startswith(p) for ps in self._claims.values()
-                                       for p in ps)
+        """The file of key ``name`` lies in a claimed directory (keys and claims are both
+        normalized: no spelling of either hides a claim)."""
+        return name in self._urls and any(name.startswith(p) for ps in self._claims.values()
+                                          for p in ps)
 
     # ------------------------------------------------------------------ queries
 
@@ -231,9 +247,9 @@ class SharedStateRegistry:
                 self._refs)
             return {n: self._urls[n] for n in names}
 
-    def checkpoint_files(self, checkpoint_id: int) -> set[str]:
+    def checkpoint_files(self, checkpoint: CheckpointRef) -> set[str]:
         with self._lock:
-            return set(self._by_checkpoint.get(checkpoint_id, set()))
+            return set(self._by_checkpoint.get(_ref(checkpoint), set()))
 
     # ------------------------------------------------------------------ deletion
 

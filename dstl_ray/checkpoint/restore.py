@@ -10,10 +10,11 @@ stay foreign: protected, and materialized away before the first checkpoint.
 
 A savepoint's files are the user's whatever the mode: any file a restored or kept
 checkpoint names inside a savepoint's directory is protected too, so no registry
-registration (CLAIM included) ever takes one over. A foreign checkpoint whose id is that of
-one of the job's own retained checkpoints (a copy of the job's own directory) cannot be
-claimed: two retained checkpoints of one id would share their references in the registry,
-and subsuming one would drop the other's. It can be restored in NO_CLAIM mode.
+registration (CLAIM included) ever takes one over. A checkpoint under another base path
+than the job's (a copy of the job's directory: a backup) cannot be claimed
+(:func:`check_claim`); it restores in NO_CLAIM mode. A claimed checkpoint may have the id
+of one of the job's own retained checkpoints: the registry holds references per metadata
+URL, so subsuming one never drops the other's.
 
 The coordinator applies the plan: it keeps its retained list, and hands the files to
 :func:`settle_files` (references, protection, orphan cleanup) and the backends to its own
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from ..errors import RestoreError
 from ..state.backend import ChangelogKeyedStateBackend
-from ..storage.base import Storage
+from ..storage.base import Storage, normalize_url
 from .lease import JobLease
 from .recovery import (
     SAVEPOINT_PREFIX,
@@ -92,29 +93,25 @@ def load_retained(job_path: str, storage: Storage
 def plan_restore(retained: list[CompletedCheckpoint], broken: list[tuple[str, RestoreError]],
                  checkpoint: str | None, mode: RestoreMode, fallback: bool, retained_count: int,
                  restore: Callable[[CompletedCheckpoint | None],
-                                   list[ChangelogKeyedStateBackend]]) -> RestorePlan:
+                                   list[ChangelogKeyedStateBackend]],
+                 base_path: str | None = None) -> RestorePlan:
     """Restore from ``checkpoint`` (a ``_metadata`` URL) or else the newest of ``retained``
     with ``restore`` (it raises :class:`RestoreError` for a checkpoint it cannot restore),
     falling back to older retained ones if ``fallback``; then decide what is kept.
 
     Without ``checkpoint``, a broken checkpoint newer than every loaded one is an error
     unless ``fallback``. With it, the job's older retained checkpoints are fallbacks only if
-    ``checkpoint`` is one of its own; a foreign one is the only candidate."""
+    ``checkpoint`` is one of its own; a foreign one is the only candidate, and one under
+    another base path than the job's (``base_path``) is not claimed (:func:`check_claim`)."""
     if checkpoint is not None:
         ext = load_checkpoint(checkpoint)
-        own = any(c.metadata_url == ext.metadata_url for c in retained)
+        own = any(normalize_url(c.metadata_url) == ext.metadata_url for c in retained)
         candidates: list[CompletedCheckpoint | None] = [ext] + (
             [c for c in reversed(retained) if c.checkpoint_id < ext.checkpoint_id]
             if own else [])
         external = None if own else ext
         if not own and mode is RestoreMode.CLAIM and not ext.is_savepoint:
-            same = [c.metadata_url for c in retained if c.checkpoint_id == ext.checkpoint_id]
-            if same:
-                raise RestoreError(
-                    f"cannot claim checkpoint {ext.metadata_url}: the job's own retained "
-                    f"checkpoint {same[0]} has the same id {ext.checkpoint_id} (a copy of "
-                    f"the job's directory?); restore it in NO_CLAIM mode, or restore the "
-                    f"job's own checkpoint", checkpoint=ext.metadata_url)
+            check_claim(ext, base_path)
     else:
         own, external = True, None
         newest_ok = max((c.checkpoint_id for c in retained), default=-1)
@@ -148,11 +145,31 @@ def plan_restore(retained: list[CompletedCheckpoint], broken: list[tuple[str, Re
     return RestorePlan(backends, chosen, own, claim, keep, drop)
 
 
+def check_claim(ext: CompletedCheckpoint, base_path: str | None) -> None:
+    """Refuse to claim ``ext`` when it lies under another base path than the job's: its
+    handles name their files relative to a base path (``{base}/{job}/...``), and the job's
+    next checkpoints, which name the restored state until its first materialization, would
+    resolve them against the job's own base path, naming other files (the job's own, long
+    deleted, when ``ext`` is a copy of its directory). Claimed, the copy (a user's backup)
+    would also be deleted once subsumed. NO_CLAIM restores it, leaves the copy untouched
+    and materializes before the first checkpoint."""
+    if base_path is None:
+        return
+    theirs = normalize_url(split_metadata_url(ext.metadata_url)[0])
+    if theirs != normalize_url(base_path):
+        raise RestoreError(
+            f"cannot claim checkpoint {ext.metadata_url}: it lies under base path {theirs}, "
+            f"the job's base path is {normalize_url(base_path)} (a copy of the job's "
+            f"directory, a backup?); its files cannot be named by this job's checkpoints "
+            f"nor deleted as the job's: restore it in NO_CLAIM mode, which leaves it "
+            f"untouched", checkpoint=ext.metadata_url)
+
+
 def register_kept(plan: RestorePlan, registry: SharedStateRegistry) -> None:
     """The kept checkpoints reference their files: before the coordinator lists them as
     retained, so a checkpoint dropped at once releases references it holds."""
     for c in plan.keep:
-        registry.register(c.checkpoint_id, c.files)
+        registry.register(c.metadata_url, c.files)
 
 
 def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLease,
@@ -168,7 +185,8 @@ def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLea
     if before is not None:
         keep_urls = plan.live_urls() | {lease.url}
         lease.check(force=True)  # read it again: only the holder deletes orphans
-        cleanup_orphans(job_path, keep_urls, storage, candidates=before, check=lease.check)
+        cleanup_orphans(job_path, keep_urls, storage, candidates=before,
+                        incarnation=lease.incarnation, check=lease.check)
 
 
 def savepoint_files(cc: CompletedCheckpoint) -> list[str]:

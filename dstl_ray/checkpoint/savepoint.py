@@ -12,15 +12,24 @@ and a directory is used only if it is empty and its marker ``_savepoint`` could 
 where absent: no two savepoints, of any run, ever share a directory. The savepoint's id (in
 its metadata) is still the checkpoint counter's value when it was taken, as in Flink.
 
-It is complete once its ``_metadata`` is written. If any backend's part fails, the attempt
-deletes what it wrote, once every part that started is done: everything in its directory
-(nothing else writes there), its marker last.
+The marker names the incarnation of the job that writes the savepoint: orphan cleanup
+(:func:`~dstl_ray.checkpoint.recovery.cleanup_orphans`) spares a directory without
+``_metadata`` whose marker names the current incarnation, and deletes one of an older
+incarnation (its driver lost the job). Such a driver may still be running: before its
+``_metadata`` write it checks its lease (the ``guard``: a driver that lost the job is
+fenced), that its marker is still its own and that every file the parts wrote is still
+there, and then creates ``_metadata`` only where absent. Otherwise the savepoint fails.
+
+It is complete once its ``_metadata`` is written. If any part fails, or the parts are not
+all done within ``timeout_s``, or the checks before the metadata fail, the attempt deletes
+what it wrote once every part that started is done (everything in its directory: nothing
+else writes there; its marker last), provided its lease still holds: a fenced driver
+deletes nothing, leaving the directory to the next recovery's orphan cleanup.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import threading
 import time
@@ -29,25 +38,26 @@ from collections.abc import Callable, Iterable
 
 from ..errors import CheckpointDeclinedError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
-from ..storage.base import Storage, join
-from .recovery import SAVEPOINT_PREFIX, CompletedCheckpoint
+from ..storage.base import Storage, join, normalize_url
+from .recovery import SAVEPOINT_MARKER, SAVEPOINT_PREFIX, CompletedCheckpoint, savepoint_marker
 from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 
 log = logging.getLogger(__name__)
 
-SAVEPOINT_PART_TIMEOUT_S = 300  # how long one backend's part may take
-MARKER_FILE = "_savepoint"  # created first, only where absent: the directory is taken
+SAVEPOINT_PART_TIMEOUT_S = 300.0  # how long the backends' parts may take, together
+MARKER_FILE = SAVEPOINT_MARKER  # created first, only where absent: the directory is taken
 _NAME_ATTEMPTS = 8  # random names tried before giving up (one collision is already rare)
 
 
-def new_savepoint_dir(job_path: str, job_id: str, n: int, storage: Storage) -> str:
+def new_savepoint_dir(job_path: str, job_id: str, n: int, storage: Storage,
+                     incarnation: str = "") -> str:
     """A new, empty directory for savepoint ``n`` under ``job_path``, taken by creating its
-    marker: a random name (64 bits), used only if nothing is in it and the marker did not
-    exist (``create_file`` where the store has it). Raises
-    :class:`CheckpointDeclinedError` if no free name was found."""
-    record = json.dumps({"type": "dstl-savepoint", "job": job_id, "id": n,
-                         "created": time.time()}, sort_keys=True).encode()
+    marker (naming ``incarnation``, the run writing the savepoint): a random name (64 bits),
+    used only if nothing is in it and the marker did not exist (``create_file`` where the
+    store has it). Raises :class:`CheckpointDeclinedError` if no free name was found."""
+    record = savepoint_marker(job_id, n, incarnation)
     create = getattr(storage, "create_file", None)
+    job_path = normalize_url(job_path)  # the spelling listings use (the marker check)
     for _ in range(_NAME_ATTEMPTS):
         target = join(job_path, f"{SAVEPOINT_PREFIX}{uuid.uuid4().hex[:16]}")
         if storage.list_files(target):
@@ -63,34 +73,88 @@ def new_savepoint_dir(job_path: str, job_id: str, n: int, storage: Storage) -> s
                                   f"under {job_path} after {_NAME_ATTEMPTS} tries")
 
 
+class _NotOurs(CheckpointDeclinedError):
+    """The savepoint's ``_metadata`` exists already: the directory is not ours to clean."""
+
+
 def start_savepoint(job_id: str, n: int, job_path: str,
                     backends: Iterable[ChangelogKeyedStateBackend], max_parallelism: int,
-                    storage: Storage) -> concurrent.futures.Future[CompletedCheckpoint]:
+                    storage: Storage, *, incarnation: str = "",
+                    guard: Callable[[], None] | None = None,
+                    timeout_s: float | None = None
+                    ) -> concurrent.futures.Future[CompletedCheckpoint]:
     """Start savepoint ``n`` of job ``job_id`` in a new directory under ``job_path``
-    (:func:`new_savepoint_dir`): every backend writes its part now; the metadata is written
-    on a thread of its own (a savepoint must not queue behind checkpoints). The future fails
-    with :class:`CheckpointDeclinedError` once the parts that did start are done and what
-    the attempt wrote is deleted."""
+    (:func:`new_savepoint_dir`, its marker naming ``incarnation``): every backend writes
+    its part now; the metadata is written on a thread of its own (a savepoint must not
+    queue behind checkpoints), after ``guard`` (the job lease's check: it raises once this
+    driver may no longer write) and the checks of the module docstring. The parts get
+    ``timeout_s`` together (default :data:`SAVEPOINT_PART_TIMEOUT_S`). The future fails
+    with :class:`CheckpointDeclinedError` once the parts that did start are done (or the
+    wait for them timed out) and what the attempt wrote is deleted."""
+    timeout = SAVEPOINT_PART_TIMEOUT_S if timeout_s is None else timeout_s
     try:
-        target = new_savepoint_dir(job_path, job_id, n, storage)
+        target = new_savepoint_dir(job_path, job_id, n, storage, incarnation)
     except DstlError as e:
         return _failed(CheckpointDeclinedError(f"savepoint {n} of job {job_id} failed: {e}"))
+    record = savepoint_marker(job_id, n, incarnation)
     futures = [_part(b, target) for b in backends]
 
     def finish() -> CompletedCheckpoint:
         url = join(target, METADATA_FILE)
+        deadline = time.monotonic() + timeout
         try:
-            snaps = tuple(f.result(timeout=SAVEPOINT_PART_TIMEOUT_S) for f in futures)
+            _, late = concurrent.futures.wait(
+                futures, timeout=timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = [f for f in futures if f.done() and f.exception() is not None]
+            if failed:
+                raise failed[0].exception()  # type: ignore[misc]
+            if late:
+                raise CheckpointDeclinedError(f"{len(late)} of {len(futures)} parts not "
+                                              f"done after {timeout:g}s")
+            snaps = tuple(f.result() for f in futures)
             meta = CheckpointMetadata(job_id, n, "savepoint", max_parallelism, snaps)
             text = meta.to_json().encode()
-            storage.write_file(url, text)
+            _write_metadata(target, meta.files(url).values(), text, record, storage, guard)
         except BaseException as e:
-            concurrent.futures.wait(futures)
-            _discard_attempt(target, storage)
+            if not isinstance(e, _NotOurs):
+                _, late = concurrent.futures.wait(
+                    futures, timeout=max(0.0, deadline - time.monotonic()))
+                _discard_when_done(target, storage, guard, late)
             raise CheckpointDeclinedError(f"savepoint {n} of job {job_id} failed: {e}") from e
         return CompletedCheckpoint(n, url, meta, meta.files(url), len(text))
 
     return _spawn(finish)
+
+
+def _write_metadata(target: str, parts: Iterable[str], text: bytes, record: bytes,
+                    storage: Storage, guard: Callable[[], None] | None) -> None:
+    """Write ``target``'s ``_metadata`` (``text``) only while this driver holds the job
+    (``guard``), the directory's marker is still its own (``record``) and every file of
+    ``parts`` exists: another driver's orphan cleanup deletes a savepoint in progress of an
+    older incarnation, and a metadata naming deleted files would be a savepoint that cannot
+    be restored. Created only where absent (``create_file`` where the store has it)."""
+    if guard is not None:
+        guard()
+    marker = join(target, MARKER_FILE)
+    try:
+        mine = storage.exists(marker) and storage.read_file(marker) == record
+    except DstlError as e:
+        raise CheckpointDeclinedError(f"cannot read its marker {marker}: {e}") from e
+    if not mine:
+        raise CheckpointDeclinedError(f"its marker {marker} is gone or not its own (another "
+                                      f"driver's orphan cleanup?)")
+    missing = [u for u in parts if not storage.exists(u)]
+    if missing:
+        raise CheckpointDeclinedError(f"files of its parts are gone: {', '.join(missing)}")
+    url = join(target, METADATA_FILE)
+    create = getattr(storage, "create_file", None)
+    if create is not None:
+        if not create(url, text):
+            raise _NotOurs(f"{url} exists already")
+        return
+    if storage.exists(url):
+        raise _NotOurs(f"{url} exists already")
+    storage.write_file(url, text)
 
 
 def _part(backend: ChangelogKeyedStateBackend, target: str
@@ -105,12 +169,41 @@ def _part(backend: ChangelogKeyedStateBackend, target: str
         return out
 
 
-def _discard_attempt(target: str, storage: Storage) -> None:
+def _discard_when_done(target: str, storage: Storage, guard: Callable[[], None] | None,
+                       late: set[concurrent.futures.Future]) -> None:
+    """Discard the failed attempt in ``target`` now, or, while parts are still running
+    (``late``: their wait timed out), once the last of them is done (the future has failed
+    by then: nobody waits for the cleanup)."""
+    if not late:
+        _discard_attempt(target, storage, guard)
+        return
+    left = [len(late)]
+    lock = threading.Lock()
+
+    def one_done(_f: concurrent.futures.Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            _discard_attempt(target, storage, guard)
+
+    log.warning("savepoint in %s: %d parts still running; its files go once they are done",
+                target, len(late))
+    for f in late:
+        f.add_done_callback(one_done)
+
+
+def _discard_attempt(target: str, storage: Storage,
+                     guard: Callable[[], None] | None = None) -> None:
     """Delete what a failed attempt wrote: its directory is its own (:func:`new_savepoint_dir`),
     so that is every file in it; the marker goes last, so a delete that fails leaves a
-    directory no savepoint will take (the next recovery's orphan cleanup removes it)."""
+    directory no savepoint will take (the next recovery's orphan cleanup removes it). A
+    driver that no longer holds the job (``guard`` raises) deletes nothing: the directory
+    is left to the next recovery's orphan cleanup."""
     marker = join(target, MARKER_FILE)
     try:
+        if guard is not None:
+            guard()
         for url in storage.list_files(target):
             if url != marker:
                 storage.delete(url)

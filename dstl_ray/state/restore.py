@@ -100,9 +100,7 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                 if isinstance(comp, RocksDBHandle):  # its files may become our database
                     got = table.load_incremental(comp, src.base_path, mine, sid_map)
                     if got is not None:  # the database is this handle's now, and only its
-                        ours = comp.job == job_id and own_root is not None and (
-                            normalize_url(join(src.base_path, comp.job)) == own_root)
-                        uploaded = dict(got) if ours else {}
+                        uploaded = dict(got) if _ours(comp.job, src, job_id, own_root) else {}
                 else:
                     # each file through its own URL's storage: the checkpoint may live on
                     # another file system than this job (a savepoint restored elsewhere)
@@ -124,8 +122,20 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
             base.append(restricted(comp, mine))
             files_of_base.update(files)
             if merging is not None and isinstance(comp, MaterializedHandle):
-                if comp.job == job_id and merging.owns(comp.path):
+                # a segment is taken over only if it lies in this very job directory: a
+                # copy's (a backup's) segment of the same relative path is another file,
+                # and adopted it would free the job's own one under the watermark
+                if _ours(comp.job, src, job_id, own_root) and merging.owns(comp.path):
                     merging.adopt(comp.path, comp.offset, comp.size, src.checkpoint_id)
                 else:
                     foreign = True
     return RestoredState(tuple(base), files_of_base, foreign, uploaded)
+
+
+def _ours(job: str | None, src: RestoreSource, job_id: str, own_root: str | None) -> bool:
+    """A component naming its files relative to job directory ``job`` of ``src``'s base
+    path names files of this job's directory ``own_root`` (both normalized): same job id
+    AND same base path. A job of the same id under another base path (a copy of the job's
+    directory) has files of the same relative paths that are not this job's."""
+    return (job is not None and job == job_id and own_root is not None
+            and normalize_url(join(src.base_path, job)) == own_root)

@@ -50,16 +50,35 @@ class Storage(Protocol):
 
 def split_protocol(url: str) -> tuple[str, str]:
     if "://" not in url:
+        if url.startswith("file:/"):  # RFC 8089's short form of a local file's URL
+            return "file", os.path.abspath(url[len("file:"):])
         return "file", os.path.abspath(url)
     proto, rest = url.split("://", 1)
     return proto, rest
 
 
+_COLLAPSING = ("s3", "s3a")  # s3fs lists ``bk//x/f`` as ``bk/x/f``
+
+
 def normalize_url(url: str) -> str:
-    """``/a/b`` -> ``file:///a/b``; trailing slashes removed."""
+    """The one spelling of the file or directory at ``url``: the form its storage lists it
+    under (``list_files``), so two spellings of one file compare equal. Every URL the
+    project builds starts from it, and every key made of a URL (the shared state registry's,
+    orphan cleanup's, a restore's "is this the job's own directory") is it.
+
+    ``/a/b`` and ``file:////a//b/`` -> ``file:///a/b`` (a local path, made absolute and
+    normalized; POSIX keeps a leading ``//``, Linux treats it as ``/``); ``memory:///m/f`` ->
+    ``memory://m/f`` (fsspec's memory store has one root; its listings name no leading
+    ``/``); ``s3://bk//x/f`` -> ``s3://bk/x/f`` (s3fs's listings collapse repeated slashes, so
+    a file written under the other spelling would never be found by a listing of its
+    directory); trailing slashes removed everywhere."""
     proto, rest = split_protocol(url)
     if proto == "file":
-        rest = os.path.abspath(rest)
+        rest = "/" + os.path.abspath(rest).lstrip("/")
+    elif proto == "memory":
+        rest = rest.strip("/")
+    elif proto in _COLLAPSING:
+        rest = "/".join(p for p in rest.split("/") if p)
     return f"{proto}://{rest.rstrip('/') or '/'}"
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dstl_ray import SharedStateRegistry
+from dstl_ray.storage.base import normalize_url
 from dstl_ray.storage.deleter import Deleter
 
 NAMES = [f"f{i}" for i in range(6)]
@@ -97,3 +98,57 @@ def test_files_of_one_name_at_two_paths_are_two_files():
     reg.checkpoint_finished(3)
     reg.release(3)
     assert deleted == [own, "file:///dfs/job/dstl/b.dstl"]
+
+
+def test_one_file_is_one_key_however_a_listing_spells_it():
+    """A file a retained checkpoint names as ``memory:///m/...`` is the file a listing of a
+    released directory finds as ``memory://m/...``: one key, so the listing never makes it a
+    candidate (two keys deleted a file a retained checkpoint still named)."""
+    from dstl_ray.storage.registry import get_storage
+
+    st_ = get_storage("memory:///m")
+    url = "memory:///regkey-m/job/shared/d/f.seg"
+    st_.write_file(url, b"x")
+    assert st_.list_files("memory:///regkey-m/job/shared/d") == [
+        "memory://regkey-m/job/shared/d/f.seg"]
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append, list_files=st_.list_files,
+                              deleter=Deleter(workers=0))
+    reg.set_claims("backend", ["memory:///regkey-m/job/shared/d/"])
+    reg.checkpoint_started(1)
+    reg.register(1, {"f.seg": url})
+    reg.checkpoint_finished(1)
+    reg.set_claims("backend", [])  # its subtask rescaled away: listed, back to counting
+    assert deleted == []
+    assert reg.reference_count("memory://regkey-m/job/shared/d/f.seg") == 1
+    reg.release(1)
+    assert [normalize_url(u) for u in deleted] == ["memory://regkey-m/job/shared/d/f.seg"]
+
+
+def test_a_claim_spelled_otherwise_still_claims():
+    """A claimed directory spelled ``file:////dfs//job/shared/d`` covers the file
+    ``file:///dfs/job/shared/d/f``: its owner deletes it, the registry never does."""
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
+    reg.set_claims("backend", ["file:////dfs//job/shared/d"])
+    reg.checkpoint_started(1)
+    reg.register(1, {"f": "file:///dfs/job/shared/d/f"})
+    reg.checkpoint_finished(1)
+    reg.release(1)
+    assert deleted == []
+
+
+def test_two_checkpoints_of_one_id_hold_their_references_apart():
+    """References are held per metadata URL: the job's own checkpoint 2 and a claimed
+    checkpoint 2 of another job; releasing one leaves the other's files counted."""
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
+    own, theirs = "file:///dfs/job/chk-2/_metadata", "file:///dfs/other/chk-2/_metadata"
+    reg.register(own, {"a": "file:///dfs/job/mat/a", "s": "file:///dfs/shared/s"})
+    reg.register(theirs, {"b": "file:///dfs/other/mat/b", "s": "file:///dfs/shared/s"})
+    reg.release(own)
+    assert deleted == ["file:///dfs/job/mat/a"]
+    assert reg.reference_count("file:///dfs/shared/s") == 1
+    reg.release("file:///dfs//other/chk-2/_metadata/")  # one checkpoint, any spelling
+    assert sorted(deleted) == ["file:///dfs/job/mat/a", "file:///dfs/other/mat/b",
+                               "file:///dfs/shared/s"]

@@ -38,13 +38,13 @@ def _restore(job, base, local, parallelism, **opts):
     return coord, bs
 
 
-@pytest.mark.parametrize("mode", [d.RestoreMode.CLAIM, d.RestoreMode.NO_CLAIM])
-def test_a_checkpoint_of_the_same_job_id_elsewhere_has_its_ssts_uploaded_again(
-        tmp_path, mode):
+def test_a_checkpoint_of_the_same_job_id_elsewhere_has_its_ssts_uploaded_again(tmp_path):
     """Job "job" moves to another checkpoint directory and restores the old directory's
-    checkpoint explicitly. Its SST files live under the old directory: a materialization
-    that names them as uploaded (paths relative to the new job directory) writes a
-    checkpoint whose files do not exist, and the next restore fails."""
+    checkpoint explicitly (NO_CLAIM: a checkpoint under another base path is never
+    claimed). Its SST files live under the old directory: a materialization that names
+    them as uploaded (paths relative to the new job directory) writes a checkpoint whose
+    files do not exist, and the next restore fails."""
+    mode = d.RestoreMode.NO_CLAIM
     local = tmp_path / "local"
     local.mkdir()
     old_base, new_base_ = new_base(), new_base()
