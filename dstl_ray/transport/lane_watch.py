@@ -27,7 +27,9 @@ from .lane import Lane
 
 log = logging.getLogger(__name__)
 
-LANE_CHECK_S = 2.0  # how often a lane's peer is checked against Ray's actor table
+LANE_CHECK_S = 5.0  # how often a lane's peer is checked against Ray's actor table (one GCS
+# lookup per lane: every writer process with a lane pays it; Ray itself takes tens of seconds
+# to declare a node dead, so a quicker check would cut no sooner)
 
 # (state, pid) Ray's actor table holds for an actor handle's actor; None: not known
 ActorState = Callable[[Any], "tuple[str, int] | None"]
