@@ -6,6 +6,8 @@ import concurrent.futures
 import copy
 import uuid
 
+import pytest
+
 import dstl_ray as d
 from dstl_ray.storage.deleter import flush_deletes
 from dstl_ray.storage.registry import get_storage
@@ -103,3 +105,16 @@ def as_decoded(v: object) -> object:
     if isinstance(v, dict):
         return {k: as_decoded(x) for k, x in v.items()}
     return v
+
+
+# the state table a test module's backends run on: a module that imports ``state_backend``
+# runs each of its tests on heap and on rocksdb, with ``TABLE`` as the backends' options
+TABLE: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, params=["heap", "rocksdb"])
+def state_backend(request, tmp_path):
+    TABLE.update(state_backend=request.param, local_dir=str(tmp_path / "local"))
+    (tmp_path / "local").mkdir()
+    yield request.param
+    TABLE.clear()

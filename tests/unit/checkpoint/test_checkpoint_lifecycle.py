@@ -11,6 +11,7 @@ from dstl_ray.storage.registry import get_storage
 
 from ..ckpt_util import (
     MAXP,
+    TABLE,
     FailingTransport,
     Oracle,
     client,
@@ -18,23 +19,14 @@ from ..ckpt_util import (
     files,
     new_base,
     referenced,
+    state_backend,  # noqa: F401 - autouse: every test on heap and rocksdb
 )
-
-_TABLE: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True, params=["heap", "rocksdb"])
-def state_backend(request, tmp_path):
-    _TABLE.update(state_backend=request.param, local_dir=str(tmp_path / "local"))
-    (tmp_path / "local").mkdir()
-    yield request.param
-    _TABLE.clear()
 
 
 def _job(base, parallelism, job="job", retained=1, transport=None, **opts):
     coord = d.CheckpointCoordinator(job, base, max_parallelism=MAXP, retained=retained)
     opts.setdefault("materialization_interval", None)
-    for k, v in _TABLE.items():
+    for k, v in TABLE.items():
         opts.setdefault(k, v)
     bs = coord.restore(client(job, base, transport), "op", parallelism, **opts)
     return coord, bs
@@ -80,7 +72,7 @@ def test_metadata_and_files_stay_bounded_with_periodic_materialization():
     # rocksdb: up to 12 sorted runs (its compaction trigger, rocksdb_local.RUN_TRIGGER), a
     # compaction's output and bundles besides, while checkpoints naming the old ones are
     # retained
-    assert max(counts[100:]) <= (15 if _TABLE["state_backend"] == "heap" else 34)
+    assert max(counts[100:]) <= (15 if TABLE["state_backend"] == "heap" else 34)
     assert max(counts[200:]) <= max(counts[100:200])
     grow_sizes, grow_counts = run(None)  # without materialization both grow without bound
     assert grow_sizes[-1] > 10 * max(sizes) and grow_counts[-1] > 250
@@ -111,7 +103,7 @@ def test_rescale_4_2_8_exact_and_savepoint_at_new_parallelism():
     coord2.shutdown()
     coord3 = d.CheckpointCoordinator("job3", base, max_parallelism=MAXP)
     bs3 = coord3.restore(client("job3", base), "op", 3, checkpoint=sp.metadata_url,
-                         materialization_interval=None, **_TABLE)
+                         materialization_interval=None, **TABLE)
     assert dump_all(bs3) == want
     # its first checkpoint does not depend on the savepoint's files
     cc = coord3.trigger_checkpoint().result()
@@ -217,7 +209,7 @@ def test_delete_on_cancellation_vs_retain():
                             (d.CheckpointRetention.RETAIN_ON_CANCELLATION, True)]:
         base, oracle = new_base(), Oracle()
         coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retention=retention)
-        bs = coord.restore(client("job", base), "op", 2, **_TABLE)
+        bs = coord.restore(client("job", base), "op", 2, **TABLE)
         _fill(oracle, bs)
         coord.trigger_checkpoint().result()
         coord.shutdown(cancel=True)
@@ -251,7 +243,7 @@ def test_corrupt_or_missing_file_names_file_and_checkpoint(damage, tmp_path):
     assert ei.value.checkpoint == bad.metadata_url and ei.value.path == victim
     assert get_storage(bad.metadata_url).exists(bad.metadata_url)  # nothing was cleaned
     coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=2)
-    bs = coord.restore(client("job", base), "op", 2, fallback=True, **_TABLE)
+    bs = coord.restore(client("job", base), "op", 2, fallback=True, **TABLE)
     assert dump_all(bs) == want
     assert coord.latest_checkpoint().checkpoint_id == good.checkpoint_id
     assert files(base) == referenced(coord)

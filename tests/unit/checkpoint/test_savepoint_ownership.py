@@ -20,18 +20,17 @@ import dstl_ray as d
 from dstl_ray.storage.registry import get_storage
 from dstl_ray.testing.faults import FaultyStorage
 
-from ..ckpt_util import MAXP, Oracle, client, dump_all, files
+from ..ckpt_util import (
+    MAXP,
+    TABLE,
+    Oracle,
+    client,
+    dump_all,
+    files,
+    state_backend,  # noqa: F401 - autouse: every test on heap and rocksdb
+)
 
 JOB = "job"
-_TABLE: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True, params=["heap", "rocksdb"])
-def state_backend(request, tmp_path):
-    _TABLE.update(state_backend=request.param, local_dir=str(tmp_path / "local"))
-    (tmp_path / "local").mkdir()
-    yield request.param
-    _TABLE.clear()
 
 
 class Savepoints:
@@ -53,7 +52,7 @@ class Savepoints:
             job = f"check-{i}"
             coord = d.CheckpointCoordinator(job, scratch, max_parallelism=MAXP)
             bs = coord.restore(client(job, scratch), "op", 2, checkpoint=sp.metadata_url,
-                               materialization_interval=None, **_TABLE)
+                               materialization_interval=None, **TABLE)
             assert dump_all(bs) == want, f"savepoint {i} ({_dir(sp)}) reads back wrong"
             coord.shutdown()
         dirs = [_dir(sp) for sp, _, _ in self.taken]
@@ -78,7 +77,7 @@ def _life(base: str, parallelism: int, **restore) -> tuple[d.CheckpointCoordinat
     coord = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP, retained=2,
                                     retention=retention)
     bs = coord.restore(client(JOB, base), "op", parallelism, materialization_interval=None,
-                       **restore, **_TABLE)
+                       **restore, **TABLE)
     return coord, bs
 
 
