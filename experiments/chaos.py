@@ -106,6 +106,7 @@ class Harness:
 
         self.cluster, self.base, self.ns, self.env = cluster, base, namespace, env
         self.rng, self.seed, self.quick, self.window_s = rng, seed, quick, window_s
+        self.config = config
         self.tree = deploy(base, config, detached=False)
         self.actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(Subtask)
         self.peak_rss_kb = {"node_actors": 0, "subtasks": 0}
@@ -335,9 +336,16 @@ def run(args: Any, kinds: list[str], faults: int) -> None:
 
     try:
         for storage in args.storage.split(","):
-            s3 = LoopbackS3().start() if storage == "s3" else None
+            # the S3 server in a process of its own: in this one it would share the GIL with
+            # the driver's threads, and a busy driver stalled the other job's uploads past
+            # their timeout (a decline no fault of ours had caused)
+            s3 = LoopbackS3(process=True).start() if storage == "s3" else None
             try:
-                opts: dict[str, Any] = dict(upload_timeout_s=0.5, retry_delay_s=0.05,
+                # loopback S3 answers a PUT in ~10-50 ms, but on 2 busy cores a request can
+                # wait a second for its server: the tighter file:// timeout would turn that
+                # into the other job's declines
+                opts: dict[str, Any] = dict(upload_timeout_s=1.0 if storage == "s3" else 0.5,
+                                            retry_delay_s=0.05,
                                             membership_interval_s=1.0, persist_max_wait_s=0.1)
                 if args.file_merging != "none":  # across is refused on object stores
                     opts["file_merging"] = ("within_checkpoint" if storage == "s3"

@@ -36,7 +36,7 @@ def inject(h: Any, kind: str, ep: Episode) -> None:
                   "dfs_torn": ["torn"] * n, "dfs_slow": [f"slow:{rng.uniform(0.1, 0.4):.2f}"]}
         # aimed at this job's changelog files only: other jobs on the tree never notice
         h.set_faults(json.dumps({"script": script[kind], "match": f"/{ep.job}/",
-                                 "hang_s": 1.0, "seed": rnd}))
+                                 "hang_s": 2 * h.config.upload_timeout_s, "seed": rnd}))
         try:
             ep.checkpoint(rnd)
         finally:

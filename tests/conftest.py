@@ -3,31 +3,98 @@
 part. Every test deploys its own tree in its own namespace, so tests do not see each other.
 
 Tests under ``tests/cluster`` and ``tests/spark`` get the ``cluster`` and ``spark`` markers
-from their directory, so ``pytest -m "not spark"`` leaves the Spark tests out."""
+from their directory, so ``pytest -m "not spark"`` leaves the Spark tests out.
+
+Order: the unit tests first (no cluster is up while they run), then integration, cluster and
+Spark. The experiments that bring a cluster of their own (``@pytest.mark.background(NAME)``,
+runs listed in ``RUNS``) start in the background when the session starts, one at a time, so
+they overlap the unit tests instead of following them (``tests/background.py``)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from background import BackgroundRuns, Finished, Run  # tests/background.py
 
 from dstl_ray.testing import local_cluster
 
 N_NODES = int(os.environ.get("DSTL_TEST_NODES", "5"))
 TESTS = Path(__file__).resolve().parent
 MARKED_DIRS = {"cluster": TESTS / "cluster", "spark": TESTS / "spark"}
+TIERS = ("unit", "integration", "cluster", "spark")  # the order tests run in
+PY = sys.executable
+CHAOS = ("-m", "experiments.chaos", "--quick", "--out", "{out}")
+
+
+def _ci_chaos_kinds() -> str:
+    from experiments.chaos import KINDS, LIFE_KINDS
+
+    return ",".join(k for k in KINDS if k not in LIFE_KINDS)
+
+
+# the order they run in: each before the tests that read it, by TIERS
+RUNS = (
+    Run("chaos", (PY, *CHAOS, "--seed", "5", "--kinds", _ci_chaos_kinds())),
+    Run("chaos_merged", (PY, *CHAOS, "--seed", "3", "--storage", "file", "--kinds",
+                         "node_kill,writer_kill,dfs_torn,coordinator_restart,rescale,"
+                         "job_restart", "--file-merging", "across_checkpoints")),
+    Run("vs_flink", (PY, "-m", "experiments.vs_flink", "--no-flink", "--nodes", "2",
+                     "--seconds", "4", "--input", "even", "--out", "{out}"), 600.0),
+    Run("chaos_spark", (PY, "-m", "experiments.chaos_spark", "--quick", "--seed", "3",
+                        "--out", "{out}")),
+    Run("demo", (str(Path(PY).parent / "dstl-ray"), "demo", "--duration", "14",
+                 "--base-path", "{out}/demo"), 600.0),
+)
+_RUNS = BackgroundRuns(RUNS)
+
+
+def _tier(item: pytest.Item) -> int:
+    path = Path(str(item.path)).resolve()
+    for i, tier in enumerate(TIERS):
+        if path.is_relative_to(TESTS / tier):
+            return i
+    return len(TIERS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by the directory it lives in (the markers are declared in
-    pyproject.toml)."""
+    pyproject.toml), put the tiers in order (a stable sort: within a tier, the collected
+    order, with the tests that read a background run at its end)."""
     for item in items:
         path = Path(str(item.path)).resolve()
         for marker, directory in MARKED_DIRS.items():
             if path.is_relative_to(directory):
                 item.add_marker(getattr(pytest.mark, marker))
+        if item.get_closest_marker("background") is not None:  # may wait for its run
+            item.add_marker(pytest.mark.timeout(1800))
+    # within a tier, the tests reading a background run last: the run gets the most time
+    items.sort(key=lambda item: (_tier(item), item.get_closest_marker("background") is not None))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the background runs the selected tests (after ``-k`` and ``-m``) read."""
+    wanted = {name for item in session.items for m in item.iter_markers("background")
+              for name in m.args}
+    if wanted and not session.config.option.collectonly:
+        _RUNS.start([r.name for r in RUNS if r.name in wanted])
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _RUNS.close()
+
+
+@pytest.fixture(scope="session")
+def background_run():
+    """``background_run(NAME)``: the :class:`tests.background.Finished` of run NAME (waits
+    for it; runs it now if the session had not started it)."""
+    def result(name: str) -> Finished:
+        return _RUNS.result(name)
+
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ path" 2.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -212,7 +213,8 @@ class LaneServer:
         except Exception as e:  # noqa: BLE001 - a bad frame ends this connection only
             log.warning("%s: lane connection closed: %s: %s", self.node, type(e).__name__, e)
         finally:
-            writer.close()
+            with contextlib.suppress(RuntimeError):  # the event loop closed under us
+                writer.close()
 
     async def _run(self, call_id: int, method: str, args: tuple[Any, ...],
                    work: Awaitable[Any], writer: asyncio.StreamWriter,

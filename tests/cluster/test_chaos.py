@@ -8,26 +8,21 @@ how their recovery latency ratio is taken is checked without a cluster."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from experiments.chaos import FAILOVER, KINDS, LIFE_KINDS
 from experiments.chaos_report import ratios_by_kind, recovery_ratios
 
-ROOT = Path(__file__).resolve().parents[2]
 CI_KINDS = [k for k in KINDS if k not in LIFE_KINDS]
 
 
 @pytest.fixture(scope="module")
-def chaos_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("chaos")
-    proc = subprocess.run([sys.executable, "-m", "experiments.chaos", "--quick", "--seed", "5",
-                           "--kinds", ",".join(CI_KINDS), "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    result = out / "chaos.json"
+def chaos_run(background_run):
+    """``--quick --seed 5`` over CI_KINDS (tests/conftest.py RUNS: it runs in the background
+    from the start of the session)."""
+    run = background_run("chaos")
+    proc, result = run.proc, run.out / "chaos.json"
     assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(result.read_text()), proc
 
@@ -43,6 +38,7 @@ def _check(episode: dict) -> None:
     assert episode["other_job_leaked_files"] == 0 == episode["other_job_missing_files"], episode
 
 
+@pytest.mark.background("chaos")
 @pytest.mark.parametrize("kind", CI_KINDS)
 def test_fault_kind_loses_no_change_and_leaks_no_file(chaos_run, kind):
     data, _ = chaos_run
@@ -54,6 +50,7 @@ def test_fault_kind_loses_no_change_and_leaks_no_file(chaos_run, kind):
     _check(episode)
 
 
+@pytest.mark.background("chaos")
 def test_dfs_faults_on_s3(chaos_run):
     data, proc = chaos_run
     (episode,) = [e for e in data["episodes"] if e["storage"] == "s3"]
@@ -64,16 +61,14 @@ def test_dfs_faults_on_s3(chaos_run):
     assert data["changes_lost"] == 0 and data["peak_rss_mb"]["node_actors"] > 0
 
 
-def test_merged_files_under_faults(tmp_path):
+@pytest.mark.background("chaos_merged")
+def test_merged_files_under_faults(background_run):
     """FLIP-306 across checkpoints (nodes append flushes, subtasks append materializations)
     under node kills, writer kills, torn appends, coordinator restarts, rescales and a job
     restarted under its id after DELETE_ON_CANCELLATION."""
     kinds = "node_kill,writer_kill,dfs_torn,coordinator_restart,rescale,job_restart"
-    proc = subprocess.run([sys.executable, "-m", "experiments.chaos", "--quick", "--seed", "3",
-                           "--storage", "file", "--kinds", kinds, "--file-merging",
-                           "across_checkpoints", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    result = tmp_path / "chaos.json"
+    run = background_run("chaos_merged")  # --quick --seed 3 --file-merging across_checkpoints
+    proc, result = run.proc, run.out / "chaos.json"
     assert result.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(result.read_text())
     assert {k for e in data["episodes"] for k in e["faults_by_kind"]} == set(kinds.split(","))

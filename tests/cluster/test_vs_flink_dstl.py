@@ -6,20 +6,17 @@ job restores from its latest checkpoint."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest
 
 
-def test_vs_flink_dstl_side_one_file_per_checkpoint(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.vs_flink", "--no-flink",
-                           "--nodes", "2", "--seconds", "4", "--input", "even",
-                           "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.mark.background("vs_flink")
+def test_vs_flink_dstl_side_one_file_per_checkpoint(background_run):
+    # --no-flink --nodes 2 --seconds 4 --input even (tests/conftest.py RUNS)
+    done = background_run("vs_flink")
+    proc = done.proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (run,) = json.loads((tmp_path / "vs_flink.json").read_text())["runs"]
+    (run,) = json.loads((done.out / "vs_flink.json").read_text())["runs"]
     d = run["dstl_ray"]
     assert d["checkpoints_completed"] >= 10
     assert d["changelog_files_per_checkpoint"] == 1.0, d["batch_triggers"]

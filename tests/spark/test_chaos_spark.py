@@ -6,19 +6,17 @@ leaked."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest
 
 
-def test_chaos_spark_quick(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "experiments.chaos_spark", "--quick",
-                           "--seed", "3", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+@pytest.mark.background("chaos_spark")
+def test_chaos_spark_quick(background_run):
+    # --quick --seed 3 (tests/conftest.py RUNS)
+    run = background_run("chaos_spark")
+    proc = run.proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    data = json.loads((tmp_path / "chaos_spark.json").read_text())
+    data = json.loads((run.out / "chaos_spark.json").read_text())
     assert data["faults_injected"] >= 3
     assert data["changes_lost"] == 0 and data["leaked_files"] == 0
     assert data["missing_files"] == 0 and data["changes_verified"] > 0

@@ -4,18 +4,15 @@ and an executor killed half-way, and the final state checked against a batch rec
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-BIN = Path(sys.executable).parent
+import pytest
 
 
-def test_demo_short_run(tmp_path):
-    base = tmp_path / "demo"
-    proc = subprocess.run([str(BIN / "dstl-ray"), "demo", "--duration", "14",
-                           "--base-path", str(base)], capture_output=True, text=True,
-                          timeout=600)
+@pytest.mark.background("demo")
+def test_demo_short_run(background_run):
+    # dstl-ray demo --duration 14 (tests/conftest.py RUNS)
+    run = background_run("demo")
+    base, proc = run.out / "demo", run.proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[demo] OK" in proc.stdout
     # the terminal gets progress lines and the summary; Ray's, Spark's and the JVM's logs
