@@ -31,7 +31,9 @@ FAILOVER = {"node_removal", "writer_kill", "coordinator_restart", "rescale", "jo
 # faults that hit the whole tree, not one job: another job's checkpoints may fail meanwhile
 TREE_WIDE = {"node_kill", "node_removal", "stall", "long_stall"}
 TREE_WIDE_GRACE_S = 10.0  # after a tree-wide fault ended, other jobs may still see its effect
-LEASE_TTL_S = 3.0  # the coordinators' lease: a takeover after a driver's crash stays fast
+LEASE_TTL_S = 6.0  # the coordinators' lease: a takeover after a driver's crash stays fast;
+# below this, on 2 busy cores, a renewal waiting for S3 could miss its 0.8 TTL and fence a
+# healthy driver (every later checkpoint of the episode declined)
 OP, MAXP, PAR, KEYS, UPDATES = "count", 128, 4, 2000, 400
 BIG_REQUEST = 10 * 1024 * 1024 + 4096  # bytes of one subtask's request in ``big_request``
 
