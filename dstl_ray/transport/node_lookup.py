@@ -107,12 +107,12 @@ class NodeLookup:
         """Find the node now (the transport's first lookup); its handle."""
         with self._lock:
             self._connect()
+            self._stale = False
             return self._handle
 
     def _connect(self) -> None:
-        """(caller holds ``_lock``)"""
+        """(caller holds ``_lock``) Stale until the caller has told the node what it must know."""
         self.node_name, self._handle, self.chosen_by = self._resolve()
-        self._stale = False
 
     def mark_stale(self) -> None:
         """The node is gone (or its lane leads elsewhere): find it again before the next call."""
@@ -126,22 +126,24 @@ class NodeLookup:
             if not self._stale:
                 return self._handle
             self._connect()
-            for lg in sorted(self._logs):
+            for lg in sorted(self._logs):  # (a failure leaves it stale: asked again next time)
                 self._get(self._handle.register_writer.remote(lg, self.job_id, self._caller),
                           60.0)
+            self._stale = False
             handle = self._handle
         if self._found is not None:
             self._found(handle)
         return handle
 
     def register(self, log_id: str) -> None:
-        """Register a new writer with the node: once, and once more after finding the node
-        again; then :class:`NodeUnavailableError`. A refusal (:class:`NamespaceError`,
+        """Register a new writer with the node, waiting while it restarts (a client made
+        right after its node was killed): once, and once more after finding the node again;
+        then :class:`NodeUnavailableError`. A refusal (:class:`NamespaceError`,
         :class:`FencedError`) raises at once: no retry helps."""
         for attempt in (1, 2):
-            try:  # a new writer: it made no handle yet (named -1)
-                merged = self._get(self.current().register_writer.remote(
-                    log_id, self.job_id, self._caller, -1), 60.0)
+            try:  # a new writer: it made no handle yet (named -1); a restart is waited for
+                merged = get_while_restarting(lambda: self.current().register_writer.remote(
+                    log_id, self.job_id, self._caller, -1), get=self._get)
                 if merged:  # the tree merges changelog files: the node keeps our records
                     self.merges = True
                 break

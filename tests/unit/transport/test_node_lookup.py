@@ -151,3 +151,28 @@ def test_unregister_forgets_the_writer_and_survives_a_dead_node():
     lookup.current()
     assert [c for c in node.calls if c[0] == "register_writer"] == [
         ("register_writer", ("w1", "J", None, -1))]
+
+
+def test_a_registration_while_the_node_restarts_waits_for_it():
+    """A client made right after its node was killed: its first calls may find the actor
+    restarting. Before, the registration tried twice at once and failed."""
+    node = _Node("n", fail=[ray.exceptions.ActorUnavailableError("restarting", None)] * 3)
+    lookup = NodeLookup("J", None, _Resolver(node), get=_get)
+    lookup.connect()
+    lookup.register("w1")
+    assert len(node.calls) == 4 and not lookup.stale
+
+
+def test_a_failed_re_registration_leaves_the_lookup_stale():
+    """Found again, but the node did not take the writers: asked again next time, never
+    used as if it knew them."""
+    node = _Node("n")
+    lookup = NodeLookup("J", None, _Resolver(node), get=_get)
+    lookup.connect()
+    lookup.register("w1")
+    lookup.mark_stale()
+    node.fail = [ray.exceptions.ActorDiedError()]
+    with pytest.raises(ray.exceptions.ActorDiedError):
+        lookup.current()
+    assert lookup.stale
+    assert lookup.current() is node and not lookup.stale
