@@ -130,7 +130,7 @@ class Subtask:
         t = self.b._writer._transport
         w = self.b._writer
         return {"index": self.index, "queue": len(getattr(t, "_queue", [])),
-                "stale": getattr(t, "_stale", None), "node": getattr(t, "node_name", ""),
+                "stale": getattr(t, "stale", None), "node": getattr(t, "node_name", ""),
                 "uploads": {s: (u.future.done(), u.preemptive) for s, u in w._uploads.items()},
                 "stacks": {str(k): "".join(traceback.format_stack(f)[-6:])
                            for k, f in sys._current_frames().items()}}

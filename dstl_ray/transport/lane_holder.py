@@ -46,6 +46,7 @@ class WriterLane:
         self._lock = threading.Lock()  # swaps of the lane
         self._refreshing = threading.Lock()  # one refresh at a time (it asks the node)
         self._watch = LaneWatch(self._cut, actor_state, name="dstl-writer-lane-watch")
+        self._closed = False
         self.retired = 0
         self.cut = 0
 
@@ -69,11 +70,17 @@ class WriterLane:
                 info = None
             if current is not None and leads_to(current, info):
                 return
+            with self._lock:
+                if self._closed:  # (a refresh racing close opens nothing)
+                    return
             new = open_lane(info, node, late=self._late) if info else None
             if new is not None:
                 self._watch.add(new, handle)
             with self._lock:
-                old, self._lane = self._lane, new
+                if self._closed:
+                    old = new
+                else:
+                    old, self._lane = self._lane, new
         if old is not None:
             self.retire(old)
 
@@ -98,8 +105,10 @@ class WriterLane:
         self._on_cut()
 
     def close(self, drain_s: float = 5.0) -> None:
-        """Close the lane (its writers are closed), waiting up to ``drain_s`` for answers."""
+        """Close the lane (its writers are closed), waiting up to ``drain_s`` for answers,
+        and stop its watch thread: a closed transport leaves no thread behind."""
         with self._lock:
+            self._closed = True
             lane, self._lane = self._lane, None
         self._watch.stop()
         if lane is not None:

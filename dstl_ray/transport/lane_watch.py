@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,13 +80,13 @@ class LaneWatch:
         self._lanes: dict[Lane, tuple[Any, Any]] = {}  # lane -> (actor handle, tag)
         self._last: dict[Lane, tuple[str, int] | None] = {}
         self._thread: threading.Thread | None = None
-        self._stopped = False
+        self._stopped = threading.Event()  # set by stop(): no more lanes, the thread ends
         self.lookups = 0
 
     def add(self, lane: Lane, handle: Any, tag: Any = None) -> None:
         """Watch ``lane``, opened to the actor behind ``handle`` (its id, not its name)."""
         with self._lock:
-            if self._stopped:
+            if self._stopped.is_set():
                 return
             self._lanes[lane] = (handle, tag)
             if self._thread is None:
@@ -99,14 +98,19 @@ class LaneWatch:
         checked yet, or no answer)."""
         return self._last.get(lane)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Watch nothing more, and end the thread: at once, or after the lookup it is in
+        (waited for up to ``timeout``: a lookup has no timeout of its own). A process that
+        opens and closes many lanes leaves no thread behind looking its actors up."""
         with self._lock:
-            self._stopped = True
+            self._stopped.set()
             self._lanes.clear()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _run(self) -> None:
-        while True:
-            time.sleep(LANE_CHECK_S)
+        while not self._stopped.wait(LANE_CHECK_S):
             with self._lock:
                 for ln in [ln for ln in self._lanes if ln.done]:
                     del self._lanes[ln]
@@ -116,7 +120,12 @@ class LaneWatch:
                     return
                 lanes = list(self._lanes.items())
             for ln, (handle, tag) in lanes:
+                if self._stopped.is_set():
+                    break
                 self.check(ln, handle, tag)
+        with self._lock:
+            if self._thread is threading.current_thread():
+                self._thread = None
 
     def check(self, ln: Lane, handle: Any, tag: Any = None) -> None:
         """One lookup of ``ln``'s actor; cuts the lane if its process is gone."""

@@ -325,10 +325,9 @@ def test_a_retain_the_flushing_node_may_not_have_taken_fails_the_restore(monkeyp
 
     from dstl_ray.errors import NodeUnavailableError
     from dstl_ray.log.handle import Segment
-    from dstl_ray.transport.ray import RayNodeTransport
+    from dstl_ray.transport.retention import Retention
 
-    t = object.__new__(RayNodeTransport)
-    t.namespace, t.job_id, t._caller = "ns", "J", None
+    t = Retention("ns", "J", None)
 
     class Node:
         class retain:  # noqa: N801 - a Ray actor method

@@ -218,3 +218,43 @@ def test_a_mark_behind_a_stopped_node_is_dropped_unsent_by_the_persist_deadline(
     _wait(lambda: "big" in server.seen, "the node never took the call", timeout=15)
     time.sleep(0.5)
     assert "mark-3" not in server.seen
+
+
+def _transport_threads() -> set[threading.Thread]:
+    """The threads a transport starts: its lane's watch, its sender, its delivery thread."""
+    return {th for th in threading.enumerate()
+            if th.name == "dstl-writer-lane-watch" or th.name == "dstl-sender"
+            or th.name.startswith("dstl-deliver")}
+
+
+def test_a_closed_transport_leaves_no_thread_behind(writer, monkeypatch):
+    """Tests open and close many transports. Before, a closed transport's lane-watch thread
+    slept out its interval (5 s) and every transport's sender and delivery threads ran for
+    the rest of the process; now close ends them all before it returns."""
+    monkeypatch.setattr(lane_watch, "LANE_CHECK_S", 5.0)  # as in production
+    before = _transport_threads()
+    t = transport_mod.RayNodeTransport("J", "ns", node_name="dstl-node-a")
+    assert t.lane is not None
+    assert t.send(_req("a")).result(5) == _seg("a")
+    t.mark("w1", 3, named=3).result(5)
+    started = _transport_threads() - before
+    assert {th.name for th in started} >= {"dstl-writer-lane-watch", "dstl-sender"}
+    t.close()
+    assert [th.name for th in _transport_threads() - before if th.is_alive()] == []
+    with pytest.raises(PersistError, match="closed"):
+        t.send(_req("b")).result(5)
+
+
+def test_closing_fails_what_is_still_waited_for_and_releases_its_late_answer(writer):
+    """A persist call in flight when its transport closes fails as its deadline would, and
+    its answer, when it comes, is released unused."""
+    t, server = writer.t, writer.server
+    held = t.send(_req("hold"))
+    _wait(lambda: "hold" in server.seen, "the node never took the call")
+    closing = threading.Thread(target=t.close)
+    closing.start()
+    with pytest.raises(PersistError, match="closed"):
+        held.result(5)
+    server.hold.set()
+    closing.join(10)
+    _wait(lambda: t.late_released == 1 or server.released, "the late answer was not released")
