@@ -36,9 +36,10 @@ from .errors import (
     WriterClosedError,
 )
 from .format.materialized import MaterializedHandle
+from .format.segment import Segment
 from .keygroups import KeyGroupRange, assign_key_group, key_group_range_for_subtask, stable_hash
 from .log.client import StateChangelogClient
-from .log.handle import Segment, StateChangelogHandle
+from .log.handle import StateChangelogHandle
 from .log.writer import StateChangelogWriter
 from .observability import tracing
 from .state.backend import (

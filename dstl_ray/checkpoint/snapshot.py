@@ -33,8 +33,9 @@ from ..format.materialized import (
     read_sections,
     states_json,
 )
+from ..format.segment import check_relative_path, loads, non_negative_int, show
 from ..keygroups import KeyGroupRange
-from ..log.handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
+from ..log.handle import StateChangelogHandle
 from ..state.incremental import read_changes
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage

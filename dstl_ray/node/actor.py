@@ -23,7 +23,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..config import ChangelogConfig
-from ..log.handle import Segment, check_relative_path
+from ..format.segment import Segment, check_relative_path
 from ..merging.pool import FileMergingOptions
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics

@@ -13,7 +13,7 @@ from typing import Any
 from ..config import ChangelogConfig
 from ..errors import DstlError, StorageError
 from ..format.changelog import FILE_SUFFIX, assemble_file
-from ..log.handle import Segment, check_relative_path
+from ..format.segment import Segment, check_relative_path
 from ..merging.pool import FileMergingOptions
 from ..merging.segments import SEGMENTS_DIR, UNMANAGED_DIR, FlushFiles
 from ..observability import tracing

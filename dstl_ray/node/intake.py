@@ -12,7 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..errors import DstlError
-from ..log.handle import Segment, check_relative_path
+from ..format.segment import Segment, check_relative_path
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest

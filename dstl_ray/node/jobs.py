@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..checkpoint.lease_record import Incarnation
 from ..errors import StaleIncarnationError
-from ..log.handle import check_relative_path
+from ..format.segment import check_relative_path
 from ..transport.base import PersistRequest
 from .dead_writers import DeadWriters
 from .namespaces import Caller, JobNamespaces

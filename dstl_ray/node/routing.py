@@ -14,7 +14,7 @@ from typing import Any
 
 from ..config import ChangelogConfig
 from ..errors import DeadlineError, DstlError, StorageError
-from ..log.handle import Segment
+from ..format.segment import Segment
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest

@@ -10,7 +10,7 @@ from typing import Protocol
 from ..config import ChangelogConfig
 from ..errors import ConfigError
 from ..format.changelog import EncodedSection
-from ..log.handle import Segment
+from ..format.segment import Segment
 from ..node.namespaces import Caller
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import ChangelogConfig
 from ..format.changelog import FILE_SUFFIX, assemble_file
-from ..log.handle import Segment
+from ..format.segment import Segment
 from ..node.release import UploadRegistry
 from ..observability import tracing
 from ..storage.base import join, normalize_url

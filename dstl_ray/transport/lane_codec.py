@@ -21,7 +21,7 @@ from typing import Any
 from .. import errors
 from ..errors import DstlError
 from ..format.changelog import BlockIndex, EncodedSection
-from ..log.handle import Segment
+from ..format.segment import Segment
 from ..node.namespaces import Caller
 from .base import PersistRequest
 

@@ -19,7 +19,7 @@ from ..errors import (
     NodeUnavailableError,
     PersistError,
 )
-from ..log.handle import Segment
+from ..format.segment import Segment
 from ..node.namespaces import current_caller
 from ..observability import tracing
 from ..storage.base import join

@@ -324,7 +324,7 @@ def test_a_retain_the_flushing_node_may_not_have_taken_fails_the_restore(monkeyp
     import ray
 
     from dstl_ray.errors import NodeUnavailableError
-    from dstl_ray.log.handle import Segment
+    from dstl_ray.format.segment import Segment
     from dstl_ray.transport.ray import RayNodeTransport
 
     t = object.__new__(RayNodeTransport)

@@ -16,7 +16,7 @@ import types
 import pytest
 
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node import peers as peers_mod
 from dstl_ray.node.lane_server import LaneServer
 from dstl_ray.node.namespaces import Caller

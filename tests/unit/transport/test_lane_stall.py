@@ -17,7 +17,7 @@ import pytest
 
 from dstl_ray.errors import DeadlineError
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node.lane_server import LaneServer
 from dstl_ray.node.namespaces import Caller
 from dstl_ray.transport import lane as lane_mod

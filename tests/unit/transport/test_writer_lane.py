@@ -21,7 +21,7 @@ import ray
 from dstl_ray import ChangelogConfig
 from dstl_ray.errors import PersistError
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node.lane_server import LaneServer
 from dstl_ray.node.namespaces import Caller
 from dstl_ray.transport import lane_watch
