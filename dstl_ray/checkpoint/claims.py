@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from ..merging.segments import SEGMENTS_DIR, UNMANAGED_DIR
 from ..state.backend import ChangelogKeyedStateBackend
 from ..storage.base import join
-from .lease import Incarnation
+from ..transport.sender import Incarnation
 from .registry import SharedStateRegistry
 from .snapshot import KeyedStateSnapshot
 

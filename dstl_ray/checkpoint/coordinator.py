@@ -33,8 +33,9 @@ from ..errors import CheckpointDeclinedError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
 from ..storage.base import join, normalize_url
 from ..storage.registry import get_storage
+from ..transport.sender import Incarnation
 from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, release_backend_dir
-from .lease import Incarnation, JobLease
+from .lease import JobLease
 from .lease_epochs import EPOCHS_DIR
 from .pending import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,

@@ -20,7 +20,7 @@ from ..keygroups import key_group_range_for_subtask
 from ..state.backend import ChangelogKeyedStateBackend, RestoreSource
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
-from .lease_record import Incarnation
+from ..transport.sender import Incarnation
 from .snapshot import METADATA_FILE, CheckpointMetadata, split_metadata_url
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
 from ..transport.lane import Sent
+from ..transport.sender import Caller
 from .batching import Clock, Pending
 from .flush import Flusher, Result
-from .namespaces import Caller
 from .peers import LATE_ANSWER_WAIT_S, Peers, Place
 from .sources import Sources
 from .stats import NodeCounters

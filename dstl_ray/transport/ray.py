@@ -20,14 +20,15 @@ from ..errors import (
     PersistError,
 )
 from ..format.segment import Segment
-from ..node.namespaces import current_caller
 from ..observability import tracing
 from ..storage.base import join
 from ..storage.deleter import background_deleter
 from .auth import AUTH_MODE_ENV, use_cluster_auth_mode
 from .base import PersistRequest
+from .discovery import find_nearest_node
 from .lane import Lane, LaneClosedError
 from .lane_holder import WriterLane
+from .sender import current_caller
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,6 @@ class RayNodeTransport:
 
     def _connect(self) -> None:
         import ray
-
-        from topology.discovery import find_nearest_node
 
         if self._pinned:
             self.node_name, self.chosen_by = self._pinned, "pinned"
