@@ -21,7 +21,7 @@ from ..state.backend import ChangelogKeyedStateBackend, RestoreSource
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
 from ..transport.sender import Incarnation
-from .snapshot import METADATA_FILE, CheckpointMetadata, split_metadata_url
+from .metadata import METADATA_FILE, CheckpointMetadata, split_metadata_url
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"/chk-(\d+)/" + METADATA_FILE + "$")

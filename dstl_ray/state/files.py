@@ -22,8 +22,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..checkpoint.registry import SharedStateRegistry
-from ..checkpoint.snapshot import Component, file_name
 from ..errors import DstlError, FormatError
 from ..format.incremental import RocksDBHandle
 from ..format.materialized import (
@@ -39,6 +37,8 @@ from ..storage.base import Storage, join
 from ..storage.deleter import Deleter
 from .incremental import LocalCheckpoint, SstUploads
 from .records import encode_full
+from .registry import SharedStateRegistry
+from .snapshot import Component, file_name
 
 log = logging.getLogger(__name__)
 
