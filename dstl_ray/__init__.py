@@ -4,15 +4,16 @@ Writers append state changes in memory; on a checkpoint each node actor batches 
 gets and either forwards them to its parent or writes ONE changelog file to DFS.
 """
 
+from .checkpoint.change_feed import Change, read_change_feed
 from .checkpoint.coordinator import (
     CheckpointCoordinator,
     CheckpointRetention,
     PendingCheckpoint,
     RestoreMode,
 )
+from .checkpoint.metadata import CheckpointMetadata
+from .checkpoint.reader import read_state
 from .checkpoint.recovery import CompletedCheckpoint, cleanup_orphans, load_checkpoint
-from .checkpoint.registry import SharedStateRegistry
-from .checkpoint.snapshot import ChangelogComponent, CheckpointMetadata, KeyedStateSnapshot
 from .config import ChangelogConfig
 from .deploy import ChangelogTree, attach, deploy
 from .errors import (
@@ -36,9 +37,10 @@ from .errors import (
     WriterClosedError,
 )
 from .format.materialized import MaterializedHandle
+from .format.segment import Segment
 from .keygroups import KeyGroupRange, assign_key_group, key_group_range_for_subtask, stable_hash
 from .log.client import StateChangelogClient
-from .log.handle import Segment, StateChangelogHandle
+from .log.handle import StateChangelogHandle
 from .log.writer import StateChangelogWriter
 from .observability import tracing
 from .state.backend import (
@@ -48,8 +50,6 @@ from .state.backend import (
     RestoreSource,
     ValueState,
 )
-from .state.change_feed import Change, read_change_feed
-from .state.reader import read_state
 from .state.records import (
     ListStateDescriptor,
     MapStateDescriptor,
@@ -59,6 +59,8 @@ from .state.records import (
     TaggedSerializer,
     ValueStateDescriptor,
 )
+from .state.registry import SharedStateRegistry
+from .state.snapshot import ChangelogComponent, KeyedStateSnapshot
 from .state.ttl import StateTtlConfig
 from .transport.direct import DirectTransport
 from .upload.hedging import HedgePolicy

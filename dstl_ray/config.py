@@ -9,19 +9,34 @@ at start with a :class:`~dstl_ray.errors.ConfigError` that names the option and 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
-from .testing.faults import FaultSpec
 
 KiB = 1024
 MiB = 1024 * 1024
 
 COMPRESSIONS = ("none", "zstd")
 MERGING_MODES = ("none", "within_checkpoint", "across_checkpoints")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+# Options whose values an extension outside the runtime interprets (``fault_spec``:
+# dstl_ray.testing.faults), with the check it registered when imported: a bad value then fails
+# at construction in every process that loaded the extension. The runtime never imports one.
+_OPTION_CHECKS: dict[str, Callable[[str], object]] = {}
+
+
+def register_option_check(option: str, check: Callable[[str], object]) -> None:
+    """``check(value)`` raises :class:`ConfigError` for a bad non-empty value of ``option``;
+    config objects built from now on in this process run it."""
+    if option not in {f.name for f in dataclasses.fields(ChangelogConfig)}:
+        raise ValueError(f"no option {option!r}")
+    _OPTION_CHECKS[option] = check
 
 
 @dataclass(frozen=True)
@@ -157,7 +172,12 @@ class ChangelogConfig:
         "(key, secret, token, password, ...) are never shown.")
     fault_spec: str = _opt(
         "", "Fault and latency injection for tests and experiments (dstl_ray.testing.faults): a "
-        "JSON object; empty: none.")
+        "JSON object; empty: none. Processes that write need the module that handles it: "
+        "import dstl_ray.testing, or name it in plugins.")
+    plugins: str = _opt(
+        "", "Modules (comma-separated) that every dstl-ray process imports before it builds "
+        "a storage from this config, e.g. node actors: extensions that register themselves, "
+        "such as dstl_ray.testing (the fault injection behind fault_spec).")
     membership_interval_s: float = _opt(
         2.0, "How often the root checks Ray's node list: joined nodes get a node actor and "
         "attach as leaves, a removed node's children re-attach (0: never).", 0.0, 3600.0)
@@ -210,8 +230,27 @@ class ChangelogConfig:
         if not self.namespace:
             raise ConfigError("option namespace must not be empty")
         parse_json_object("storage_options", self.storage_options)
-        if self.fault_spec:
-            FaultSpec.parse(self.fault_spec)  # raises ConfigError naming the option
+        parse_json_object("fault_spec", self.fault_spec)
+        self.plugin_modules()
+        for option, check in list(_OPTION_CHECKS.items()):
+            if getattr(self, option):
+                check(getattr(self, option))  # raises ConfigError naming the option
+
+    def plugin_modules(self) -> list[str]:
+        """The module names of option ``plugins``, checked."""
+        names = [m.strip() for m in self.plugins.split(",") if m.strip()]
+        for m in names:
+            if not _MODULE.match(m):
+                raise ConfigError(f"option plugins: {m!r} is not a module name")
+        return names
+
+    def load_plugins(self) -> None:
+        """Import the modules of option ``plugins`` (once per process: Python caches them)."""
+        for m in self.plugin_modules():
+            try:
+                importlib.import_module(m)
+            except ImportError as e:
+                raise ConfigError(f"option plugins: cannot import {m}: {e}") from None
 
     def __repr__(self) -> str:
         parts = []

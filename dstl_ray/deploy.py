@@ -24,7 +24,7 @@ class ChangelogTree:
         """Pick up node actors created since (nodes that joined the Ray cluster)."""
         import ray
 
-        from topology.discovery import list_node_actors
+        from .transport.discovery import list_node_actors
 
         for name in list_node_actors(self.config.namespace):
             if name not in self.nodes:
@@ -100,7 +100,7 @@ def attach(config: ChangelogConfig | None = None, *, address: str | None = None
     """The tree deployed earlier (e.g. by ``dstl-ray up``) in ``config.namespace``."""
     import ray
 
-    from topology.discovery import list_node_actors
+    from .transport.discovery import list_node_actors
 
     config = config or ChangelogConfig.from_env()
     ensure_ray(config.namespace, address)

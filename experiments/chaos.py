@@ -160,9 +160,13 @@ class Harness:
     def set_faults(self, spec: str) -> None:
         import ray
 
+        from dstl_ray.errors import ConfigError
+
         for name in self.node_names():
             try:
                 ray.get(self.tree.node(name).set_fault_spec.remote(spec), timeout=30)
+            except ConfigError:
+                raise  # a spec the node cannot inject (e.g. no plugins): never run without it
             except Exception:  # noqa: BLE001 - a node restarting has no faults anyway
                 pass
 
@@ -360,7 +364,9 @@ def run(args: Any, kinds: list[str], faults: int) -> None:
                 else:
                     base = f"file://{work}/dfs"
                 ns = f"chaos-{storage}"
-                h = Harness(cluster, base, ns, ChangelogConfig(namespace=ns, **opts), env, rng,
+                # node actors import dstl_ray.testing: its fault injection serves set_faults
+                config = ChangelogConfig(namespace=ns, plugins="dstl_ray.testing", **opts)
+                h = Harness(cluster, base, ns, config, env, rng,
                             args.seed, quick=args.quick, window_s=args.window_s)
                 try:
                     plan = ([args.schedule.split(",")] if args.schedule

@@ -74,7 +74,7 @@ class Episode:
         import ray
 
         from dstl_ray import DstlError
-        from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
+        from dstl_ray.state.snapshot import KeyedStateSnapshot
 
         cid = rnd - self.base  # a restarted job numbers its checkpoints from 1 again
         try:

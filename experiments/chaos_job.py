@@ -195,7 +195,7 @@ class Bystander:
     def _run(self) -> None:
         import ray
 
-        from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
+        from dstl_ray.state.snapshot import KeyedStateSnapshot
 
         while not self._stop.is_set():
             t0 = time.time()

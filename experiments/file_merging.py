@@ -100,7 +100,7 @@ def run_mode(label: str, mode: str, flush_bytes: int | None, checkpoints: int,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
+    from dstl_ray.state.snapshot import KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
     base = work / mode / ("pernode" if flush_bytes == 0 else "tree")

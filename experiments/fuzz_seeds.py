@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dstl_ray import CheckpointCoordinator, DirectTransport, StateChangelogClient, assign_key_group
+from dstl_ray.checkpoint.metadata import split_metadata_url
 from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
-from dstl_ray.checkpoint.snapshot import ChangelogComponent, component_changes, split_metadata_url
 from dstl_ray.errors import StateError, StorageError
 from dstl_ray.format.changelog import read_prefixed
 from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.state.records import StateKind, TaggedSerializer, apply_records, check_stamps
+from dstl_ray.state.snapshot import ChangelogComponent, component_changes
 from dstl_ray.state.ttl import STAMP_SIZE
 from dstl_ray.storage.base import normalize_url
 from dstl_ray.storage.registry import get_storage

@@ -37,8 +37,8 @@ import atheris
 with atheris.instrument_imports():
     import json  # instrumented too: the JSON targets' coverage includes the parser's paths
 
+    from dstl_ray.checkpoint.metadata import CheckpointMetadata, split_metadata_url
     from dstl_ray.checkpoint.recovery import load_checkpoint
-    from dstl_ray.checkpoint.snapshot import CheckpointMetadata, split_metadata_url
     from dstl_ray.errors import DstlError, FormatError, HandleError
     from dstl_ray.format.changelog import crc32c, decode_file, iter_blocks, read_prefixed
     from dstl_ray.format.materialized import (

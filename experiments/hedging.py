@@ -129,6 +129,7 @@ def run_checkpoints(s3: LoopbackS3, nodes: int, checkpoints: int, scale: float,
             ns = f"hedging-{j}"
             cfg = ChangelogConfig(namespace=ns, flush_bytes=0, persist_delay_s=0.05,
                                   membership_interval_s=0.0, fault_spec=spec,
+                                  plugins="dstl_ray.testing",
                                   upload_timeout_s=max(1.0, 6.0 * scale), hedge_min_samples=10,
                                   **s3.config_options(), **opts)
             tree = dstl_ray.deploy(s3.url(f"cp{j}"), cfg, detached=False)

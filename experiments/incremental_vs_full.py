@@ -16,9 +16,10 @@ import tempfile
 import time
 
 import dstl_ray as d
+from dstl_ray.checkpoint.metadata import split_metadata_url
 from dstl_ray.checkpoint.recovery import restore_backends
-from dstl_ray.checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot, split_metadata_url
 from dstl_ray.state.backend import RestoreSource
+from dstl_ray.state.snapshot import ChangelogComponent, KeyedStateSnapshot
 
 from .common import machine, parser, plt, summary, write_results
 

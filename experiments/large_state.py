@@ -118,9 +118,10 @@ def recover(args: dict[str, Any]) -> dict[str, Any]:
     """Restore one subtask from its checkpoint in a fresh process: the whole restore, and
     the changelog alone into an empty table (the replay rate)."""
     import dstl_ray as d
+    from dstl_ray.checkpoint.metadata import split_metadata_url
     from dstl_ray.checkpoint.recovery import load_checkpoint
-    from dstl_ray.checkpoint.snapshot import ChangelogComponent, split_metadata_url
     from dstl_ray.state.backend import ChangelogKeyedStateBackend, RestoreSource
+    from dstl_ray.state.snapshot import ChangelogComponent
 
     cc = load_checkpoint(args["checkpoint"])
     base, own = split_metadata_url(cc.metadata_url)

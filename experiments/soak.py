@@ -105,8 +105,8 @@ def main() -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
     from dstl_ray.node import current_rss_kb
+    from dstl_ray.state.snapshot import KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
     base = tempfile.mkdtemp(prefix="dstl-soak-")

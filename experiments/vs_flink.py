@@ -187,7 +187,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
-    from dstl_ray.checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
+    from dstl_ray.state.snapshot import ChangelogComponent, KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
     from .file_watcher import FileWatcher

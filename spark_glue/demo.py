@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
     import ray
 
     from dstl_ray import ChangelogConfig, deploy
-    from dstl_ray.testing import start_local_cluster
+    from dstl_ray.local import start_local_cluster
 
     from .operator import KeyedStatefulOperator
     from .session import kill_executor, start_spark, stop_spark

@@ -41,7 +41,7 @@ def connect(gcs_address: str, namespace: str) -> None:
 
 def nearest_node_name(gcs_address: str, namespace: str) -> tuple[str, str]:
     """(node actor name, how it was chosen) for this worker process, cached per process."""
-    from topology.discovery import find_nearest_node
+    from topology import find_nearest_node
 
     connect(gcs_address, namespace)
     key = f"{namespace}:{os.environ.get('RAY_RAYLET_PID', '')}"

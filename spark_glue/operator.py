@@ -36,8 +36,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dstl_ray.checkpoint.coordinator import CheckpointCoordinator
-from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
 from dstl_ray.errors import ConfigError, StateError
+from dstl_ray.state.snapshot import KeyedStateSnapshot
 from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 

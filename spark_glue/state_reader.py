@@ -1,8 +1,8 @@
 """The state of a retained checkpoint or savepoint as a Spark DataFrame (Spark's state data
 source, Flink's State Processor API), read in parallel by key group: one Spark task per
 key-group range restores that range of the operator's snapshots and yields its entries
-(:mod:`dstl_ray.state.reader`); and the change feed between two checkpoints, from the
-changelog (:mod:`dstl_ray.state.change_feed`). The job need not run; nothing is written.
+(:mod:`dstl_ray.checkpoint.reader`); and the change feed between two checkpoints, from the
+changelog (:mod:`dstl_ray.checkpoint.change_feed`). The job need not run; nothing is written.
 
 State columns: ``key, value`` for a value state; ``key, value`` (an array) for a list state;
 ``key, user_key, value`` for a map state, one row per entry. Change feed columns: ``key, op,
@@ -16,11 +16,11 @@ from typing import Any
 
 from pyspark.sql.types import StringType, StructField, StructType
 
+from dstl_ray.checkpoint.change_feed import check_window
+from dstl_ray.checkpoint.change_feed import read_change_feed as _feed
+from dstl_ray.checkpoint.reader import read_range, resolve_checkpoint, state_info, the_operator
 from dstl_ray.checkpoint.recovery import load_checkpoint
 from dstl_ray.errors import ConfigError, StateError
-from dstl_ray.state.change_feed import check_window
-from dstl_ray.state.change_feed import read_change_feed as _feed
-from dstl_ray.state.reader import read_range, resolve_checkpoint, state_info, the_operator
 from dstl_ray.state.records import StateKind
 from dstl_ray.storage.base import join
 

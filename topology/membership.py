@@ -13,6 +13,7 @@ import logging
 import ray
 
 from dstl_ray.config import ChangelogConfig
+from dstl_ray.transport.discovery import node_infos
 
 from .placement import alive_nodes, node_actor_name, node_order, place_tree
 
@@ -21,9 +22,7 @@ log = logging.getLogger(__name__)
 
 def recover_order(config: ChangelogConfig) -> list[str] | None:
     """The order as the live node actors remember it (after a root restart)."""
-    from .discovery import _infos
-
-    infos = _infos(config.namespace)
+    infos = node_infos(config.namespace)
     if not infos:
         return None
     return [i["node_id"] for _, _, i in sorted(infos, key=lambda t: t[2].get("index", 0))]

@@ -12,17 +12,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from dstl_ray.config import ChangelogConfig
 from dstl_ray.node import ChangelogNode
 from dstl_ray.node.membership import Reconcile
-from dstl_ray.node.peers import NODE_PREFIX
+from dstl_ray.transport.discovery import NODE_PREFIX, node_actor_name
 
 from .tree import TreePosition, build_tree
 
 __all__ = ["NODE_PREFIX", "alive_nodes", "node_actor_name", "node_order", "place_tree"]
 
 RemoteChangelogNode = ray.remote(ChangelogNode)
-
-
-def node_actor_name(node_id: str) -> str:
-    return NODE_PREFIX + node_id[:16]
 
 
 def alive_nodes() -> list[dict[str, Any]]:

@@ -1,2 +1,2 @@
-"""Checkpoints: the coordinator, snapshots and metadata, the shared-state registry,
-recovery, and the job lease."""
+"""Checkpoints: the coordinator, the ``_metadata`` file, recovery, savepoints, the job lease,
+and reading checkpoints without the job."""

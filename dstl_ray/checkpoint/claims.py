@@ -18,10 +18,10 @@ from collections.abc import Iterable
 
 from ..merging.segments import SEGMENTS_DIR, UNMANAGED_DIR
 from ..state.backend import ChangelogKeyedStateBackend
+from ..state.registry import SharedStateRegistry
+from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import join
-from .lease import Incarnation
-from .registry import SharedStateRegistry
-from .snapshot import KeyedStateSnapshot
+from ..transport.sender import Incarnation
 
 
 def claim_node_dirs(registry: SharedStateRegistry, job_path: str, inc: Incarnation) -> None:

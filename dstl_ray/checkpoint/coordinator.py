@@ -31,11 +31,15 @@ from typing import Any
 
 from ..errors import CheckpointDeclinedError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
+from ..state.registry import SharedStateRegistry
+from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import join, normalize_url
 from ..storage.registry import get_storage
+from ..transport.sender import Incarnation
 from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, release_backend_dir
-from .lease import Incarnation, JobLease
+from .lease import JobLease
 from .lease_epochs import EPOCHS_DIR
+from .metadata import METADATA_FILE, CheckpointMetadata, delete_metadata
 from .pending import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     PendingCheckpoint,
@@ -46,7 +50,6 @@ from .pending import (
     start_snapshots,
 )
 from .recovery import CompletedCheckpoint, restore_backends
-from .registry import SharedStateRegistry
 from .restore import (
     RestoreMode,
     load_retained,
@@ -56,7 +59,6 @@ from .restore import (
     settle_files,
 )
 from .savepoint import start_savepoint
-from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot, delete_metadata
 
 __all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
     "DEFAULT_CHECKPOINT_TIMEOUT_S",

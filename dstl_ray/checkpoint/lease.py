@@ -51,12 +51,12 @@ from ..errors import DstlError, JobLeaseError
 from ..process_identity import HOST, MACHINE, start_time
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
+from ..transport.sender import Incarnation
 from .lease_epochs import EpochClaims, default_epochs_url
 from .lease_record import (
     LEASE_FILE,
     LEASE_VERSION,
     LOCAL_HOLDERS,
-    Incarnation,
     View,
     describe,
     read_record,

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import DstlError, JobLeaseError, StorageError
+from ..errors import JobLeaseError, StorageError
 from ..process_identity import MACHINE, ProcessId
 from ..storage.base import Storage
 from .lease_epochs import Claim
@@ -41,27 +41,6 @@ from .lease_epochs import Claim
 LEASE_FILE = "_lease"
 LEASE_VERSION = 3  # 3: epochs claimed in {base}/_epochs/{job}/; 2: one counter file
 WATCH_POLLS = 10  # an observer reads a watched record this many times per TTL
-
-
-@dataclass(frozen=True)
-class Incarnation:
-    """One run of a job: ``epoch`` orders incarnations, ``holder`` names the driver."""
-
-    epoch: int
-    holder: str
-
-    def __str__(self) -> str:
-        return f"{self.epoch}-{self.holder}"
-
-    @classmethod
-    def parse(cls, text: str) -> Incarnation | None:
-        """``""`` (a writer outside any coordinated job) gives None."""
-        if not text:
-            return None
-        epoch, sep, holder = text.partition("-")
-        if not sep or not epoch.isdigit() or not holder.isalnum():
-            raise DstlError(f"bad job incarnation {text!r} (want EPOCH-HOLDER)")
-        return cls(int(epoch), holder)
 
 
 class LocalHolder(Protocol):

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 
 from ..errors import CheckpointDeclinedError, ConfigError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
+from ..state.snapshot import KeyedStateSnapshot
 from .recovery import CompletedCheckpoint
-from .snapshot import KeyedStateSnapshot
 
 DEFAULT_CHECKPOINT_TIMEOUT_S = 600.0  # Flink's execution.checkpointing.timeout: 10 min
 

@@ -20,8 +20,8 @@ from ..keygroups import key_group_range_for_subtask
 from ..state.backend import ChangelogKeyedStateBackend, RestoreSource
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
-from .lease_record import Incarnation
-from .snapshot import METADATA_FILE, CheckpointMetadata, split_metadata_url
+from ..transport.sender import Incarnation
+from .metadata import METADATA_FILE, CheckpointMetadata, split_metadata_url
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"/chk-(\d+)/" + METADATA_FILE + "$")

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 
 from ..errors import RestoreError
 from ..state.backend import ChangelogKeyedStateBackend
+from ..state.registry import SharedStateRegistry
 from ..storage.base import Storage, normalize_url
 from .lease import JobLease
+from .metadata import split_metadata_url
 from .recovery import (
     SAVEPOINT_PREFIX,
     CompletedCheckpoint,
@@ -39,8 +41,6 @@ from .recovery import (
     list_checkpoints,
     load_checkpoint,
 )
-from .registry import SharedStateRegistry
-from .snapshot import split_metadata_url
 
 log = logging.getLogger(__name__)
 

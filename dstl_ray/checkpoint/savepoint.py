@@ -38,9 +38,10 @@ from collections.abc import Callable, Iterable
 
 from ..errors import CheckpointDeclinedError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
+from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, join, normalize_url
+from .metadata import METADATA_FILE, CheckpointMetadata
 from .recovery import SAVEPOINT_MARKER, SAVEPOINT_PREFIX, CompletedCheckpoint, savepoint_marker
-from .snapshot import METADATA_FILE, CheckpointMetadata, KeyedStateSnapshot
 
 log = logging.getLogger(__name__)
 

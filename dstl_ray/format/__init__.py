@@ -1,1 +1,2 @@
-"""File formats: changelog files and materialized state files."""
+"""File formats: changelog files, materialized state files, RocksDB bundles, and the segments
+and path checks every handle is made of."""

@@ -24,9 +24,9 @@ from typing import Any
 
 from ..errors import FormatError, HandleError
 from ..keygroups import KeyGroupRange
-from ..log.handle import check_relative_path, non_negative_int, show
 from ..storage.base import join
 from .materialized import StatesSpec, parse_job, parse_states, states_json
+from .segment import check_relative_path, non_negative_int, show
 
 SST_SUFFIX = ".sst"
 BUNDLE_SUFFIX = ".rdbm"

@@ -17,18 +17,18 @@ torn or corrupt file raises :class:`~dstl_ray.errors.FormatError` naming file an
 
 from __future__ import annotations
 
+import enum
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError, HandleError
 from ..keygroups import KeyGroupRange
-from ..log.handle import check_relative_path, non_negative_int, show
-from ..state.records import StateKind, encode_full
 from ..storage.base import Storage, join
 from .changelog import crc32c, read_prefixed
+from .segment import check_relative_path, non_negative_int, show
 
 MAT_SUFFIX = ".dstm"
 MAGIC = b"DSTM"
@@ -44,7 +44,17 @@ SECTION_HEADER_SIZE = _SEC.size + 4
 # whose values carry write timestamps (dstl_ray.state.ttl)
 StateSpec = tuple[str, str] | tuple[str, str, int]
 StatesSpec = tuple[StateSpec, ...]
-TablesSnapshot = list[dict[int, dict[bytes, Any]]]  # [state id][key group][key] -> value
+
+
+
+
+class StateKind(enum.StrEnum):
+    """The kinds of keyed state a file's state spec names (the records of each kind:
+    :mod:`dstl_ray.state.records`)."""
+
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
 
 
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -159,36 +169,32 @@ class MaterializedHandle:
                    offset)
 
 
-def encode_file(tables: TablesSnapshot, states: StatesSpec, key_group_range: KeyGroupRange
+def encode_file(sections: Iterable[tuple[int, Sequence[bytes]]]
                 ) -> tuple[bytes, tuple[tuple[int, int, int], ...]]:
-    """Serialize a snapshot of the tables; returns the file bytes and its section index."""
+    """One file of ``sections``, (key group, its records) in key group order, each record
+    already encoded (``dstl_ray.state.files.encode_tables`` makes them from a snapshot of
+    tables); a key group without records gets no section. Returns the file bytes and its
+    section index."""
     head = _HEAD.pack(MAGIC, VERSION, 0)
     parts = [head, _U32.pack(crc32c(head))]
     pos = HEADER_SIZE
-    sections = []
-    kinds = [StateKind(s[1]) for s in states]
+    index = []
     pack = _U32.pack
-    for kg in key_group_range:
-        recs: list[bytes] = []
-        for sid, per_kg in enumerate(tables):
-            d = per_kg.get(kg)
-            if not d:
-                continue
-            kind = kinds[sid]
-            for key, value in d.items():
-                for r in encode_full(sid, kind, key, value):
-                    recs.append(pack(len(r)))
-                    recs.append(r)
-        if not recs:
+    for kg, records in sections:
+        if not records:
             continue
-        payload = b"".join(recs)
-        sec = _SEC.pack(SECTION_MAGIC, kg, len(recs) // 2, len(payload))
+        framed: list[bytes] = []
+        for r in records:
+            framed.append(pack(len(r)))
+            framed.append(r)
+        payload = b"".join(framed)
+        sec = _SEC.pack(SECTION_MAGIC, kg, len(records), len(payload))
         crc = crc32c(sec + payload)
         parts += (sec, pack(crc), payload)
         length = SECTION_HEADER_SIZE + len(payload)
-        sections.append((kg, pos, length))
+        index.append((kg, pos, length))
         pos += length
-    return b"".join(parts), tuple(sections)
+    return b"".join(parts), tuple(index)
 
 
 def check_header(data: bytes, path: str) -> None:

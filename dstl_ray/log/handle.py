@@ -12,90 +12,18 @@ from __future__ import annotations
 
 import json
 import re
-import reprlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FormatError, HandleError
 from ..format.changelog import FILE_SUFFIX, iter_blocks
+from ..format.segment import Segment, loads, show
 from ..keygroups import KeyGroupRange
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
 
 HANDLE_VERSION = 1
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
-
-
-def show(value: object) -> str:
-    """A short, depth-limited repr of a value read from storage, for error messages."""
-    return reprlib.repr(value)
-
-
-def non_negative_int(what: str, value: object) -> int:
-    """``value`` if it is a JSON integer >= 0 (not a bool, not a float), else
-    :class:`HandleError` naming ``what``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise HandleError(f"{what} must be a non-negative int, got {show(value)}")
-    return value
-
-
-def loads(text: str | bytes, what: str) -> Any:
-    """Parse JSON read from storage; any malformed input (bad UTF-8, bad syntax, nesting
-    too deep for the parser) raises :class:`HandleError` naming ``what``."""
-    try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise HandleError(f"{what} is not valid JSON: {type(e).__name__}: {e}") from None
-
-
-def check_relative_path(path: object) -> str:
-    """A path relative to the job directory, made of plain names only (no ``..``, no
-    absolute paths, no URL schemes, no backslashes)."""
-    if not isinstance(path, str) or not path or len(path) > 1024:
-        raise HandleError(f"bad file path in handle: {show(path)}")
-    parts = path.split("/")
-    for p in parts:
-        if not _SAFE_PART.match(p) or p in (".", ".."):
-            raise HandleError(f"file path {path!r} escapes the job directory or is not a plain "
-                              f"relative path")
-    return path
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One byte range of one file holding a log's changesets ``sqn_min..sqn_max``."""
-
-    path: str  # relative to the job directory, e.g. "dstl/<node>/<uuid>.dstl"
-    offset: int
-    length: int
-    sqn_min: int
-    sqn_max: int
-    flushed_by: str = ""  # node actor that wrote the file (for releasing unused uploads)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "offset": self.offset, "length": self.length,
-                "sqn": [self.sqn_min, self.sqn_max], "node": self.flushed_by}
-
-    @classmethod
-    def from_json(cls, d: object) -> Segment:
-        if not isinstance(d, dict):
-            raise HandleError(f"segment must be an object, got {type(d).__name__}")
-        try:
-            path = check_relative_path(d["path"])
-            offset, length = d["offset"], d["length"]
-            sqn_min, sqn_max = d["sqn"]
-            node = d.get("node", "")
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, HandleError):
-                raise
-            raise HandleError(f"malformed segment {show(d)}: {e}") from None
-        for name, v in (("offset", offset), ("length", length), ("sqn_min", sqn_min),
-                        ("sqn_max", sqn_max)):
-            non_negative_int(f"segment {name}", v)
-        if sqn_max < sqn_min or not isinstance(node, str):
-            raise HandleError(f"malformed segment {show(d)}")
-        return cls(path, offset, length, sqn_min, sqn_max, node)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ import threading
 from dataclasses import dataclass, field
 
 from ..errors import PersistError
+from ..format.segment import Segment
 from ..keygroups import KeyGroupRange
-from .handle import Segment, StateChangelogHandle
+from .handle import StateChangelogHandle
 
 
 @dataclass(eq=False)

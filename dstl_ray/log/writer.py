@@ -22,12 +22,13 @@ from collections.abc import Sequence
 
 from ..errors import DstlError, InvalidValueError, KeyGroupError, SqnError, WriterClosedError
 from ..format.changelog import Changeset, encode_section
+from ..format.segment import Segment
 from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE as UNKNOWN_CHECKPOINT
 from ..merging.segments import SEGMENTS_DIR
 from ..observability import tracing
 from ..transport.base import PersistRequest, Transport
-from .handle import Segment, StateChangelogHandle
+from .handle import StateChangelogHandle
 from .uploads import Upload, after_both, combine_uploads
 
 log = logging.getLogger(__name__)

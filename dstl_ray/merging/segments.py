@@ -31,7 +31,7 @@ from .pool import UNKNOWN_USE, FileMergingOptions, FilePool, PooledFile, PoolSta
 
 SEGMENTS_DIR = "segments"
 # merged files of writers that carry no incarnation (outside a coordinated job); a plain
-# name, since handles naming them must parse (``handle.check_relative_path``)
+# name, since handles naming them must parse (``format.segment.check_relative_path``)
 UNMANAGED_DIR = "none"
 
 

@@ -23,13 +23,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ..config import ChangelogConfig
-from ..log.handle import Segment, check_relative_path
+from ..format.segment import Segment, check_relative_path
 from ..merging.pool import FileMergingOptions
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..storage.base import normalize_url
 from ..storage.registry import storage_for
 from ..transport.base import PersistRequest
+from ..transport.sender import Caller
 from ..upload.uploader import Uploader
 from .batching import BatchScheduler, Clock, LoopClock
 from .dead_writer_check import DeadWriterCheck, restarted_at
@@ -39,7 +40,7 @@ from .intake import Intake
 from .jobs import Jobs
 from .lane_server import LaneServer
 from .membership import MembershipWatcher, Reconcile
-from .namespaces import Caller, JobNamespaces
+from .namespaces import JobNamespaces
 from .peers import Peers, Place
 from .routing import Router
 from .sources import Sources

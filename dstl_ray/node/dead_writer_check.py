@@ -13,10 +13,12 @@ import time
 from typing import Any
 
 from ..config import ChangelogConfig
+from ..transport.discovery import list_node_actors
+from ..transport.sender import Caller
 from .dead_writers import DeadWriters, bounds_of
 from .flush import Flusher
-from .namespaces import Caller, dead_ray_job_ids
-from .peers import Peers, Place, list_node_actors
+from .namespaces import dead_ray_job_ids
+from .peers import Peers, Place
 from .sources import REGISTRATION_TIMEOUT_S
 from .stats import NodeCounters
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from ..errors import FencedError
 from ..merging.pool import UNKNOWN_USE
-from .namespaces import Caller
+from ..transport.sender import Caller
 
 RESTART_MARGIN_S = 2.0  # clock difference between nodes (hosts) we allow for
 FENCED_MAX = 100_000  # Ray jobs fenced, kept per node (the oldest go first: long dead)

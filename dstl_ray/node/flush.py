@@ -1,7 +1,7 @@
 """Writing a batch to the DFS (docs/architecture.md "Write path" 5): ONE file per job for the
 whole batch (FLIP-158 "Implementation notes"), or, with FLIP-306 file merging across
 checkpoints, an append to this node's open file of the job (dstl_ray.merging.segments); and the
-releases and retains of what was written (dstl_ray.node.release)."""
+releases and retains of what was written (dstl_ray.upload.release)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from typing import Any
 from ..config import ChangelogConfig
 from ..errors import DstlError, StorageError
 from ..format.changelog import FILE_SUFFIX, assemble_file
-from ..log.handle import Segment, check_relative_path
+from ..format.segment import Segment, check_relative_path
 from ..merging.pool import FileMergingOptions
 from ..merging.segments import SEGMENTS_DIR, UNMANAGED_DIR, FlushFiles
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..storage.base import Storage, join
 from ..transport.base import PersistRequest
+from ..upload.release import UploadRegistry
 from ..upload.uploader import Uploader
 from .dead_writers import DeadWriters
 from .jobs import Jobs
 from .peers import Place
-from .release import UploadRegistry
 from .stats import NodeCounters
 
 Result = Segment | BaseException  # per request: its segment, or why it failed

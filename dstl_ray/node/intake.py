@@ -12,15 +12,15 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..errors import DstlError
-from ..log.handle import Segment, check_relative_path
+from ..format.segment import Segment, check_relative_path
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
+from ..transport.sender import Caller
 from .batching import BatchScheduler, Clock, Pending
 from .dead_writer_check import DeadWriterCheck
 from .flush import Flusher, Result
 from .jobs import Jobs
-from .namespaces import Caller
 from .peers import Peers, Place
 from .routing import Router
 from .sources import Sources

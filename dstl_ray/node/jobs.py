@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..checkpoint.lease_record import Incarnation
 from ..errors import StaleIncarnationError
-from ..log.handle import check_relative_path
+from ..format.segment import check_relative_path
 from ..transport.base import PersistRequest
+from ..transport.sender import Caller, Incarnation
 from .dead_writers import DeadWriters
-from .namespaces import Caller, JobNamespaces
+from .namespaces import JobNamespaces
 from .peers import Place
 from .stats import NodeCounters
 

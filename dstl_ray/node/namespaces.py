@@ -25,32 +25,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..errors import NamespaceError
+from ..transport.sender import Caller
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The Ray namespace and Ray job id of the process that sends a request, and whether
-    that process is the Ray job's driver (a driver, a Spark Python worker): then the job's
-    death is the process's (dstl_ray.node.dead_writers); an actor or task of a job may outlive it
-    (detached actors) or die before it."""
-
-    namespace: str
-    ray_job: str = ""
-    driver: bool = False
-
-
-def current_caller(namespace: str | None = None) -> Caller:
-    """This process's namespace (or ``namespace``: a process working for a job whose driver
-    runs elsewhere, e.g. a Spark Python worker, speaks for the driver's namespace) and its
-    Ray job id. Ray must be initialized."""
-    import ray
-
-    ctx = ray.get_runtime_context()
-    worker = ray._private.worker.global_worker
-    return Caller(namespace or ctx.namespace, ctx.get_job_id() or "",
-                  worker.mode == ray._private.worker.SCRIPT_MODE)
 
 
 def dead_ray_jobs(job_ids: Iterable[str]) -> bool:

@@ -12,7 +12,8 @@ what it wrote for them (:mod:`.lane_server`). A peer that is only stalled stays 
 its lane stays, and costs lateness only. An answer whose caller stopped waiting (its
 future cancelled) goes to ``late``, the router's release of late answers.
 
-``topology`` (placement, discovery) builds on these names; this package never imports it.
+Node actors' names and how to list them live in :mod:`dstl_ray.transport.discovery`;
+``topology`` (placement) builds on this package, which never imports it.
 """
 
 from __future__ import annotations
@@ -36,18 +37,6 @@ LANE_RETRY_S = 30.0  # a peer that offered no lane (or could not be reached) is 
 # how long a child listens for an answer it stopped waiting for (routing), and how long a
 # dropped lane's calls in flight may still be answered
 LATE_ANSWER_WAIT_S = 600.0
-
-NODE_PREFIX = "dstl-node-"  # node actors' names: this prefix and the Ray node id's head
-
-
-def list_node_actors(namespace: str) -> list[str]:
-    """The names of every node actor of the tree in ``namespace``, sorted."""
-    import ray  # lazy: importing dstl_ray must not start loading Ray
-
-    names = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in names
-                  if a.get("namespace") == namespace and a["name"].startswith(NODE_PREFIX))
-
 
 # releases the segments of an answer nobody waits for (the router's release_late)
 LateRelease = Callable[[list[Sent], list[Any]], Awaitable[None]]

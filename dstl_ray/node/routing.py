@@ -14,14 +14,14 @@ from typing import Any
 
 from ..config import ChangelogConfig
 from ..errors import DeadlineError, DstlError, StorageError
-from ..log.handle import Segment
+from ..format.segment import Segment
 from ..observability import tracing
 from ..observability.metrics import NodeMetrics
 from ..transport.base import PersistRequest
 from ..transport.lane import Sent
+from ..transport.sender import Caller
 from .batching import Clock, Pending
 from .flush import Flusher, Result
-from .namespaces import Caller
 from .peers import LATE_ANSWER_WAIT_S, Peers, Place
 from .sources import Sources
 from .stats import NodeCounters

@@ -29,8 +29,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..checkpoint.registry import SharedStateRegistry
-from ..checkpoint.snapshot import ChangelogComponent, KeyedStateSnapshot
 from ..errors import CheckpointError, DstlError, KeyGroupError
 from ..format.incremental import RocksDBHandle
 from ..format.materialized import MAT_SUFFIX, MaterializedHandle
@@ -49,7 +47,9 @@ from .records import (
     TaggedSerializer,
     ValueStateDescriptor,
 )
+from .registry import SharedStateRegistry
 from .restore import RestoreSource, restore_state
+from .snapshot import ChangelogComponent, KeyedStateSnapshot
 from .table import StateTable
 from .tables import dump_table, open_table
 from .ttl import StateTtlConfig, now_ms

@@ -22,25 +22,51 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..checkpoint.registry import SharedStateRegistry
-from ..checkpoint.snapshot import Component, file_name
 from ..errors import DstlError, FormatError
 from ..format.incremental import RocksDBHandle
-from ..format.materialized import MAT_SUFFIX, MaterializedHandle, StatesSpec, encode_file
+from ..format.materialized import (
+    MAT_SUFFIX,
+    MaterializedHandle,
+    StateKind,
+    StatesSpec,
+    encode_file,
+)
 from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
 from ..storage.base import Storage, join
 from ..storage.deleter import Deleter
 from .incremental import LocalCheckpoint, SstUploads
+from .records import encode_full
+from .registry import SharedStateRegistry
+from .snapshot import Component, file_name
 
 log = logging.getLogger(__name__)
+
+
+TablesSnapshot = list[dict[int, dict[bytes, Any]]]  # [state id][key group][key] -> value
+
+
+def encode_tables(tables: TablesSnapshot, states: StatesSpec, key_groups: KeyGroupRange
+                  ) -> tuple[bytes, tuple[tuple[int, int, int], ...]]:
+    """A snapshot of the tables as one materialized file (``format.materialized``): per key
+    group, the records that recreate each entry. Returns the bytes and the section index."""
+    kinds = [StateKind(s[1]) for s in states]
+
+    def records(kg: int) -> list[bytes]:
+        out: list[bytes] = []
+        for sid, per_kg in enumerate(tables):
+            for key, value in (per_kg.get(kg) or {}).items():
+                out += encode_full(sid, kinds[sid], key, value)
+        return out
+
+    return encode_file((kg, records(kg)) for kg in key_groups)
 
 
 def write_full(storage: Storage, tables: list, states: StatesSpec, key_groups: KeyGroupRange,
                root: str, rel: str, job: str | None, sqn: int) -> MaterializedHandle:
     """Write ``tables`` as one whole materialized file ``root/rel`` (a materialization without
     file merging, or a savepoint) and return its handle."""
-    data, sections = encode_file(tables, states, key_groups)
+    data, sections = encode_tables(tables, states, key_groups)
     storage.write_file(join(root, rel), data)
     return MaterializedHandle(job, rel, key_groups, states, sections, len(data), sqn)
 
@@ -97,7 +123,7 @@ class SnapshotFiles:
                            f"mat/{uuid.uuid4().hex}{MAT_SUFFIX}", self._job_id, sqn)
             self.last_upload_bytes = h.size
             return h
-        data, sections = encode_file(tables, states, self._key_groups)
+        data, sections = encode_tables(tables, states, self._key_groups)
         rel, offset = self._merging.write(data)
         self.last_upload_bytes = len(data)
         return MaterializedHandle(self._job_id, rel, self._key_groups, states, sections,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FormatError, StateError
+from ..format.materialized import StateKind
 from .ttl import STAMP_SIZE, StateTtlConfig
 
 RECORD_VERSION = 1
@@ -49,12 +50,6 @@ class Op(enum.IntEnum):
     MAP_PUT = 6
     MAP_REMOVE = 7
     MAP_CLEAR = 8
-
-
-class StateKind(enum.StrEnum):
-    VALUE = "value"
-    LIST = "list"
-    MAP = "map"
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..checkpoint.snapshot import (
-    Component,
-    KeyedStateSnapshot,
-    component_changes,
-    component_files,
-    restricted,
-)
 from ..errors import (
     FormatError,
     HandleError,
@@ -36,6 +29,7 @@ from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
 from ..storage.base import join, normalize_url
 from .records import StateKind, check_stamps
+from .snapshot import Component, KeyedStateSnapshot, component_changes, component_files, restricted
 from .table import StateTable
 from .ttl import spec_ttl
 

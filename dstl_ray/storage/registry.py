@@ -20,16 +20,23 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..config import ChangelogConfig, parse_json_object
-from ..testing.faults import FaultyStorage
+from ..errors import ConfigError
 from .base import Storage, split_protocol
 from .fsspec import FsspecStorage
 from .local import LocalStorage
 
 _cache: dict[tuple[str, str], Storage] = {}
+
+# Storage wrappers that extensions outside the runtime register when imported, by the option
+# that turns them on: ``fault_spec`` (dstl_ray.testing.faults). The runtime never imports them;
+# a process that needs one imports its module, or has it imported by option ``plugins``.
+WRAPPER_OPTIONS = ("fault_spec",)
+StorageWrapper = Callable[[Storage, str], Storage]  # (storage, the option's value) -> storage
+_wrappers: dict[str, StorageWrapper] = {}
 
 
 _lock = threading.Lock()
@@ -96,14 +103,36 @@ def get_storage(url: str, options: Mapping[str, Any] | None = None,
 
 def storage_for(url: str, config: ChangelogConfig) -> Storage:
     """The storage a node (or direct transport) writes ``url`` with under ``config``:
-    S3 options from the config, wrapped in fault injection when ``fault_spec`` is set (a
-    fresh wrapper per call, so each uploader has its own fault script)."""
+    S3 options from the config, wrapped by the registered wrapper of each option that is set
+    (fault injection for ``fault_spec``: a fresh wrapper per call, so each uploader has its
+    own fault script), after importing the config's ``plugins``."""
     proto, _ = split_protocol(url)
     if proto in ("s3", "s3a"):
         st = get_storage(url, s3_options(config), config.s3_multipart_threshold)
     else:
         st = get_storage(url, parse_json_object("storage_options", config.storage_options)
                          or None)
-    if config.fault_spec:
-        st = FaultyStorage(st, config.fault_spec)
+    return _wrapped(st, config)
+
+
+def register_storage_wrapper(option: str, wrap: StorageWrapper) -> None:
+    """``storage_for`` wraps every storage in ``wrap`` while ``option`` is set."""
+    if option not in WRAPPER_OPTIONS:
+        raise ValueError(f"option {option!r} turns on no storage wrapper "
+                         f"(one of {', '.join(WRAPPER_OPTIONS)})")
+    _wrappers[option] = wrap
+
+
+def _wrapped(st: Storage, config: ChangelogConfig) -> Storage:
+    config.load_plugins()
+    for option in WRAPPER_OPTIONS:
+        value = getattr(config, option)
+        if not value:
+            continue
+        wrap = _wrappers.get(option)
+        if wrap is None:  # never write without the faults a test asked for
+            raise ConfigError(f"option {option} is set, but nothing in this process handles "
+                              f"it: name the module that does in option plugins (e.g. "
+                              f"plugins=dstl_ray.testing)")
+        st = wrap(st, value)
     return st

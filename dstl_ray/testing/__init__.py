@@ -4,15 +4,19 @@ their own jobs; not part of the runtime API (``dstl_ray.__all__``).
 - :mod:`~dstl_ray.testing.faults`: fault and latency injection into a storage (``FaultyStorage``,
   configured by the ``fault_spec`` option, so node actors inject the same faults).
 - :mod:`~dstl_ray.testing.s3server`: a real S3 server on loopback (moto), needs ``moto[server]``.
-- :mod:`~dstl_ray.testing.cluster`: several Ray nodes on this machine (``local_cluster``).
+- ``local_cluster``: several Ray nodes on this machine (:mod:`dstl_ray.local`, a runtime module
+  since the demo uses it; re-exported here).
 - :mod:`~dstl_ray.testing.storage_suite`: the conformance suite every
   :class:`~dstl_ray.storage.base.Storage` binds (needs pytest; import it explicitly).
 
-Importing this package imports neither Ray, moto, boto3 nor pytest: the runtime imports
-:mod:`~dstl_ray.testing.faults` (config validation, ``storage_for``), and that must stay cheap.
+No runtime module imports this package: importing it registers the fault injection behind the
+``fault_spec`` option (``dstl_ray.config.register_option_check``,
+``dstl_ray.storage.registry.register_storage_wrapper``), and processes started elsewhere (node
+actors) import it when option ``plugins`` names it. Importing it imports neither Ray, moto,
+boto3 nor pytest, so that stays cheap.
 """
 
-from .cluster import local_cluster, start_local_cluster, stop_local_cluster
+from ..local import local_cluster, start_local_cluster, stop_local_cluster
 from .faults import (
     FLIP158_QUANTILES_MS,
     KINDS,

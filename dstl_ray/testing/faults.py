@@ -13,7 +13,8 @@ waits a latency drawn from a distribution, then may inject a fault:
 ``ok``       no fault.
 
 It is configured by a picklable JSON string, the ``fault_spec`` option, so node actors in other
-processes inject the same faults::
+processes inject the same faults (their config's ``plugins`` option names ``dstl_ray.testing``,
+so they import this module, which registers the wrapper: the runtime never imports it)::
 
     {"latency": {"dist": "flip158", "scale": 0.1},   # or {"fixed_s": 0.05}
      "error_rate": 0.01, "timeout_rate": 0, "reset_rate": 0, "torn_rate": 0,
@@ -35,12 +36,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..config import register_option_check
 from ..errors import ConfigError, DstlError
-
-if TYPE_CHECKING:  # typing only: storage wraps with this module, never the reverse at runtime
-    from ..storage.base import Storage
+from ..storage.base import Storage
+from ..storage.registry import register_storage_wrapper
 
 # (quantile, latency ms): FLIP-158 "DFS write latency" plus the two ends we chose
 FLIP158_QUANTILES_MS: tuple[tuple[float, float], ...] = (
@@ -263,3 +264,9 @@ class FaultyStorage:
 
     def list_files(self, prefix: str) -> list[str]:
         return self.inner.list_files(prefix)
+
+
+# wired from here, never from the runtime: importing this module (or naming dstl_ray.testing in
+# option plugins, for processes such as node actors) makes fault_spec checked and injected
+register_option_check("fault_spec", FaultSpec.parse)
+register_storage_wrapper("fault_spec", FaultyStorage)

@@ -1,1 +1,2 @@
-"""How a writer's requests reach storage: through the node actors (Ray) or directly."""
+"""How a writer's requests reach storage: what travels (requests, their sender), finding node
+actors, lanes, and the transports (through the node actors by Ray, or directly)."""

@@ -10,8 +10,8 @@ from typing import Protocol
 from ..config import ChangelogConfig
 from ..errors import ConfigError
 from ..format.changelog import EncodedSection
-from ..log.handle import Segment
-from ..node.namespaces import Caller
+from ..format.segment import Segment
+from .sender import Caller
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class PersistRequest:
     # the job's subsumed watermark as the writer knows it (FLIP-306 4.4): nodes free merged
     # changelog files once no retained checkpoint can name them
     subsumed: int = -1
-    # the run of the job it belongs to (dstl_ray.checkpoint.lease.Incarnation; "" outside a coordinated
-    # job): nodes keep a job's state per incarnation and refuse older ones
+    # the run of the job it belongs to (dstl_ray.transport.sender.Incarnation; "" outside a
+    # coordinated job): nodes keep a job's state per incarnation and refuse older ones
     incarnation: str = ""
     # the newest checkpoint id its log made a handle for (dstl_ray.log.writer: ``named``), so
     # its node knows how far a dead writer's sections may be named

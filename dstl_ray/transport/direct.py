@@ -11,12 +11,12 @@ from typing import Any
 
 from ..config import ChangelogConfig
 from ..format.changelog import FILE_SUFFIX, assemble_file
-from ..log.handle import Segment
-from ..node.release import UploadRegistry
+from ..format.segment import Segment
 from ..observability import tracing
 from ..storage.base import join, normalize_url
 from ..storage.deleter import background_deleter
 from ..storage.registry import get_storage, storage_for
+from ..upload.release import UploadRegistry
 from ..upload.uploader import Uploader
 from .base import PersistRequest, check_job_id
 

@@ -21,9 +21,9 @@ from typing import Any
 from .. import errors
 from ..errors import DstlError
 from ..format.changelog import BlockIndex, EncodedSection
-from ..log.handle import Segment
-from ..node.namespaces import Caller
+from ..format.segment import Segment
 from .base import PersistRequest
+from .sender import Caller
 
 _U32 = struct.Struct(">I")
 # what a lane carries (a writer's two calls, and a child node's batch); the rest goes by Ray
@@ -76,7 +76,7 @@ class Sent:
 
     job_id: str
     log_id: str
-    caller: Any  # dstl_ray.node.namespaces.Caller | None
+    caller: Any  # dstl_ray.transport.sender.Caller | None
 
 
 def sent_of(method: str, args: tuple[Any, ...]) -> tuple[Sent, ...]:

@@ -7,7 +7,7 @@ none of its old state: its registered writers are gone, and for a while its call
 ``ActorUnavailableError``. So the handle this process holds is kept only until something
 says the node is gone (a failed call, a cut lane: :func:`.ray_errors.node_gone`); the lookup
 is then *stale*, and the next call first finds the node again by name (the pinned one, else
-the nearest: ``topology.discovery``) and registers every writer of this process with it
+the nearest: ``dstl_ray.transport.discovery``) and registers every writer of this process with it
 before anything else is sent. A registration that fails once finds the node again and tries
 once more; a node that refuses the job (another namespace, a fenced driver) is not asked
 again.
@@ -59,7 +59,7 @@ def get_while_restarting(call: Callable[[], Any], timeout: float = 60.0, *,
 
 def ray_resolver(namespace: str, pinned: str | None) -> Resolve:
     """Ray's lookup: node actor ``pinned`` by name, else the nearest one
-    (``topology.discovery.find_nearest_node``)."""
+    (``dstl_ray.transport.discovery.find_nearest_node``)."""
 
     def resolve() -> tuple[str, Any, str]:
         import ray
@@ -69,7 +69,7 @@ def ray_resolver(namespace: str, pinned: str | None) -> Resolve:
                 return pinned, ray.get_actor(pinned, namespace=namespace), "pinned"
             except ValueError:
                 raise NodeUnavailableError(f"no node actor {pinned!r}") from None
-        from topology.discovery import find_nearest_node
+        from .discovery import find_nearest_node
 
         return find_nearest_node(namespace)
 
@@ -79,7 +79,7 @@ def ray_resolver(namespace: str, pinned: str | None) -> Resolve:
 class NodeLookup:
     """The node actor of one transport: its handle, found again after it was marked stale,
     with the writers registered so far registered again. ``caller`` (the process's
-    :class:`dstl_ray.node.namespaces.Caller`) is passed to the node as is. ``found(handle)``
+    :class:`dstl_ray.transport.sender.Caller`) is passed to the node as is. ``found(handle)``
     runs after the node was found again, holding no lock (the transport opens its lane
     there: that asks the node)."""
 

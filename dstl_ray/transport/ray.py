@@ -28,8 +28,7 @@ from typing import Any
 
 from ..config import ChangelogConfig
 from ..errors import DstlError, PersistError
-from ..log.handle import Segment
-from ..node.namespaces import current_caller
+from ..format.segment import Segment
 from ..observability import tracing
 from ..storage.base import join
 from .auth import use_cluster_auth_mode
@@ -40,6 +39,7 @@ from .node_channel import NodeChannel
 from .node_lookup import NodeLookup, get_while_restarting, ray_resolver
 from .ray_errors import explained, node_gone
 from .retention import Retention
+from .sender import current_caller
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class RayNodeTransport:
 
     @property
     def chosen_by(self) -> str:
-        """How that node actor was chosen (``topology.discovery``; "pinned")."""
+        """How that node actor was chosen (``dstl_ray.transport.discovery``; "pinned")."""
         return self._lookup.chosen_by
 
     @property

@@ -35,7 +35,7 @@ from ..storage.deleter import Deleter, background_deleter
 from .node_lookup import Get, ray_get
 
 if TYPE_CHECKING:
-    from ..log.handle import Segment
+    from ..format.segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def ray_find_actor(namespace: str) -> FindActor:
 
 class Retention:
     """Retains and releases of one job's segments at the node actors that wrote them.
-    ``caller`` (the process's :class:`dstl_ray.node.namespaces.Caller`) is passed as is."""
+    ``caller`` (the process's :class:`dstl_ray.transport.sender.Caller`) is passed as is."""
 
     def __init__(self, namespace: str, job_id: str, caller: object, *,
                  find_actor: FindActor | None = None, get: Get = ray_get,

@@ -1,1 +1,2 @@
-"""Writing one file to DFS: attempts with deadlines, retries and hedging."""
+"""Writing one file to DFS: attempts with deadlines, retries and hedging; freeing uploads no
+log used."""

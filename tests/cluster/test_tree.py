@@ -142,7 +142,7 @@ def test_discovery_from_tasks_actors_and_raylet_pid(tree_factory, namespace, ray
     # RAY_RAYLET_PID finds that node's actor, although every node has the same IP
     leaf = max(status, key=lambda s: s["level"])
     assert leaf["raylet_pid"]
-    code = ("import ray; from topology.discovery import find_nearest_node; "
+    code = ("import ray; from topology import find_nearest_node; "
             f"ray.init(address={ray_cluster.address!r}, log_to_driver=False); "
             f"n, _, how = find_nearest_node({namespace!r}); print(n, how)")
     env = dict(os.environ, RAY_RAYLET_PID=leaf["raylet_pid"])

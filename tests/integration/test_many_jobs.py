@@ -19,7 +19,8 @@ MAXP = 16
 def test_one_jobs_dfs_failure_fails_only_that_job(tree_factory, namespace, tmp_path):
     base = f"file://{tmp_path}/dfs"
     faults = json.dumps({"error_rate": 1.0, "match": "/badjob/", "seed": 3})
-    tree = tree_factory(base=base, fault_spec=faults, persist_delay_s=0.3, max_attempts=2,
+    tree = tree_factory(base=base, fault_spec=faults, plugins="dstl_ray.testing",
+                        persist_delay_s=0.3, max_attempts=2,
                         retry_delay_s=0.01)
     good = d.StateChangelogClient("goodjob", namespace=namespace)
     bad = d.StateChangelogClient("badjob", namespace=namespace)

@@ -279,7 +279,8 @@ def test_a_node_that_does_not_answer_fails_the_persist_at_its_deadline(tree_fact
     import json
 
     tree = tree_factory(base=f"file://{tmp_path}/dfs", persist_delay_s=0.01,
-                        persist_timeout_s=2.0, upload_timeout_s=30.0, max_attempts=1)
+                        persist_timeout_s=2.0, upload_timeout_s=30.0, max_attempts=1,
+                        plugins="dstl_ray.testing")  # set_fault_spec below
     hang = json.dumps({"script": ["slow:8"], "match": ".dstl"})  # each node's first flush
     ray.get([tree.node(n).set_fault_spec.remote(hang) for n in tree.nodes], timeout=30)
     client = StateChangelogClient("jobh", namespace=namespace)

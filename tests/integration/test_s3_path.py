@@ -103,7 +103,7 @@ def test_injected_5xx_and_timeouts_are_retried(tree_factory, namespace, s3_env):
     spec = json.dumps({"script": ["5xx", "timeout", "reset"], "hang_s": 2.0,
                        "match": ".dstl"})
     tree = tree_factory(base=s3.url("t-retry"), persist_delay_s=0.05, upload_timeout_s=1.0,
-                        max_attempts=4, retry_delay_s=0.05, fault_spec=spec,
+                        max_attempts=4, retry_delay_s=0.05, fault_spec=spec, plugins="dstl_ray.testing",
                         **s3.config_options())
     clients, writers = _writers(tree, namespace, "jobr", nodes=3)
     expected = [{} for _ in writers]
@@ -130,7 +130,7 @@ def test_every_attempt_fails_then_next_checkpoint_succeeds(tree_factory, namespa
     # requests over two batches), until the faults are lifted below
     spec = json.dumps({"error_rate": 1.0, "match": ".dstl"})
     tree = tree_factory(base=s3.url("t-fail"), persist_delay_s=0.05, upload_timeout_s=1.0,
-                        max_attempts=3, retry_delay_s=0.05, fault_spec=spec,
+                        max_attempts=3, retry_delay_s=0.05, fault_spec=spec, plugins="dstl_ray.testing",
                         **s3.config_options())
     clients, writers = _writers(tree, namespace, "jobf", nodes=2)
     expected = [{} for _ in writers]
@@ -158,7 +158,7 @@ def test_hedged_request_leaves_no_stray_object(tree_factory, namespace, s3_env):
     s3 = s3_env
     spec = json.dumps({"script": ["slow:1.5"], "match": ".dstl"})
     tree = tree_factory(base=s3.url("t-hedge"), persist_delay_s=0.05, upload_timeout_s=5.0,
-                        hedge_delay_s=0.2, fault_spec=spec, **s3.config_options())
+                        hedge_delay_s=0.2, fault_spec=spec, plugins="dstl_ray.testing", **s3.config_options())
     clients, writers = _writers(tree, namespace, "jobh", nodes=2)
     expected = [{} for _ in writers]
     _append(writers, expected, "h")
@@ -187,6 +187,7 @@ def test_backpressure_bounds_in_flight_bytes(tree_factory, namespace, s3_env):
     tree = tree_factory(base=s3.url("t-bp"), persist_delay_s=0.01, persist_size_threshold=1,
                         in_flight_limit=limit,
                         fault_spec=json.dumps({"latency": {"fixed_s": 0.15}}),
+                        plugins="dstl_ray.testing",
                         **s3.config_options())
     c = StateChangelogClient("jobb", namespace=namespace, node=tree.root)
     writers = [c.create_writer(f"bp{i}", KeyGroupRange(0, 3)) for i in range(4)]
@@ -242,7 +243,7 @@ def test_credentials_stay_out_of_logs_traces_metrics_and_status(tree_factory, na
     s3 = s3_env
     spec = json.dumps({"script": ["5xx", "reset"], "match": ".dstl"})
     tree = tree_factory(base=s3.url("t-secret"), persist_delay_s=0.05, max_attempts=3,
-                        retry_delay_s=0.05, fault_spec=spec,
+                        retry_delay_s=0.05, fault_spec=spec, plugins="dstl_ray.testing",
                         tracing=f"file:{tmp_path}/traces", **s3.config_options())
     clients, writers = _writers(tree, namespace, "jobsec", nodes=2)
     expected = [{} for _ in writers]

@@ -66,8 +66,8 @@ def test_test_helpers_are_reachable_from_dstl_ray_testing():
 
 
 def test_importing_the_test_helpers_does_not_import_pytest_or_moto():
-    """The runtime imports dstl_ray.testing.faults (config validation, storage_for): that
-    must not drag in the test tools."""
+    """Node actors import dstl_ray.testing (option plugins) for fault injection: that must
+    not drag in the test tools."""
     import subprocess
     import sys
 

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import dstl_ray as d
-from dstl_ray.checkpoint.snapshot import CheckpointMetadata
+from dstl_ray.checkpoint.metadata import CheckpointMetadata
 from dstl_ray.merging.pool import FileMergingOptions
 from dstl_ray.storage.deleter import flush_deletes
 from dstl_ray.storage.registry import get_storage

@@ -48,7 +48,7 @@ def test_delete_dir_keeps_a_directory_that_is_not_empty(tmp_path):
 def test_a_directory_that_cannot_be_removed_fails_nothing(tmp_path, monkeypatch):
     """Removing the directory is best effort: its failure neither fails a subsumption nor
     keeps the metadata."""
-    from dstl_ray.checkpoint.snapshot import delete_metadata
+    from dstl_ray.checkpoint.metadata import delete_metadata
     from dstl_ray.errors import StorageError
 
     def refuse(self, path):

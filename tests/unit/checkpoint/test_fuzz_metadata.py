@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import dstl_ray as d
+from dstl_ray.checkpoint.metadata import CheckpointMetadata, split_metadata_url
 from dstl_ray.checkpoint.recovery import load_checkpoint, restore_backends
-from dstl_ray.checkpoint.snapshot import CheckpointMetadata, split_metadata_url
 from dstl_ray.errors import DstlError, FormatError, HandleError, RestoreError, StorageError
 from dstl_ray.storage.local import LocalStorage
 from experiments.fuzz_seeds import (

@@ -17,8 +17,8 @@ import dstl_ray as d
 from dstl_ray.checkpoint import coordinator as coordinator_mod
 from dstl_ray.checkpoint.lease import JobLease
 from dstl_ray.checkpoint.lease_record import View
-from dstl_ray.checkpoint.registry import SharedStateRegistry
 from dstl_ray.errors import JobLeaseError
+from dstl_ray.state.registry import SharedStateRegistry
 from dstl_ray.storage.deleter import Deleter
 from dstl_ray.storage.registry import get_storage
 

@@ -26,17 +26,18 @@ import pytest
 import dstl_ray as d
 from dstl_ray.checkpoint import lease as lease_mod
 from dstl_ray.checkpoint.lease import JobLease
-from dstl_ray.checkpoint.lease_record import Incarnation, known_dead
-from dstl_ray.checkpoint.registry import SharedStateRegistry
+from dstl_ray.checkpoint.lease_record import known_dead
 from dstl_ray.errors import JobLeaseError, StaleIncarnationError
 from dstl_ray.node.dead_writers import DeadWriters
 from dstl_ray.node.jobs import Jobs
-from dstl_ray.node.namespaces import Caller, JobNamespaces
+from dstl_ray.node.namespaces import JobNamespaces
 from dstl_ray.node.peers import Place
 from dstl_ray.node.stats import NodeCounters
 from dstl_ray.process_identity import start_time as process_start
+from dstl_ray.state.registry import SharedStateRegistry
 from dstl_ray.storage.deleter import Deleter
 from dstl_ray.storage.registry import get_storage
+from dstl_ray.transport.sender import Caller, Incarnation
 
 from ..ckpt_util import MAXP, client
 from .lease_util import Hooked, SlowWrites, World

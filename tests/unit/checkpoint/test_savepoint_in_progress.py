@@ -14,9 +14,9 @@ import pytest
 
 import dstl_ray as d
 from dstl_ray.checkpoint import savepoint
-from dstl_ray.checkpoint.lease_record import Incarnation
 from dstl_ray.checkpoint.recovery import cleanup_orphans, savepoint_marker
 from dstl_ray.storage.registry import get_storage
+from dstl_ray.transport.sender import Incarnation
 
 from ..ckpt_util import MAXP, Oracle, client, dump_all, files, referenced
 

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dstl_ray.errors import DstlError, FormatError, StateError
-from dstl_ray.format.materialized import MaterializedHandle, encode_file, read_sections
+from dstl_ray.format.materialized import MaterializedHandle, read_sections
 from dstl_ray.keygroups import KeyGroupRange
+from dstl_ray.state.files import encode_tables
 from dstl_ray.state.records import (
     MAX_DEPTH,
     Op,
@@ -239,7 +240,7 @@ def nonempty(tables: list[dict], key_groups: KeyGroupRange) -> list[dict]:
 @given(tables_st)
 def test_materialized_files_round_trip(tables):
     tables = fitting(tables)
-    data, sections = encode_file(tables, STATES, KeyGroupRange(0, 7))
+    data, sections = encode_tables(tables, STATES, KeyGroupRange(0, 7))
     for kgr in (KeyGroupRange(0, 7), KeyGroupRange(3, 3)):
         assert nonempty(read_back(data, sections, len(data), kgr), kgr) == nonempty(tables, kgr)
 
@@ -248,7 +249,7 @@ def test_materialized_files_round_trip(tables):
 @given(tables_st, st.sampled_from([KeyGroupRange(0, 7), KeyGroupRange(3, 3)]), st.data())
 def test_damaged_materialized_files_decode_equal_or_raise(tables, kgr, data):
     tables = fitting(tables)
-    raw, sections = encode_file(tables, STATES, KeyGroupRange(0, 7))
+    raw, sections = encode_tables(tables, STATES, KeyGroupRange(0, 7))
     bad = bytearray(raw)
     if data.draw(st.booleans()):
         bad[data.draw(st.integers(0, len(bad) - 1))] ^= 1 << data.draw(st.integers(0, 7))
@@ -263,7 +264,7 @@ def test_damaged_materialized_files_decode_equal_or_raise(tables, kgr, data):
 
 
 def test_materialized_header_of_another_version_is_refused():
-    data, sections = encode_file([{0: {b"k": b"v"}}, {}, {}], STATES, KeyGroupRange(0, 7))
+    data, sections = encode_tables([{0: {b"k": b"v"}}, {}, {}], STATES, KeyGroupRange(0, 7))
     head = struct.pack("<4sHH", b"DSTM", 2, 0)
     from dstl_ray.format.changelog import crc32c
 

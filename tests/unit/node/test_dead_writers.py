@@ -18,7 +18,7 @@ from dstl_ray.merging.pool import UNKNOWN_USE
 from dstl_ray.node import ChangelogNode
 from dstl_ray.node import dead_writer_check as node_mod
 from dstl_ray.node.dead_writers import RESTART_MARGIN_S, DeadWriters, bounds_of
-from dstl_ray.node.namespaces import Caller
+from dstl_ray.transport.sender import Caller
 
 ALIVE, DEAD = Caller("ns", "01000000", True), Caller("ns", "02000000", True)
 ON = dict(file_merging="across_checkpoints", dead_writer_check_s=3600)
@@ -324,7 +324,7 @@ def test_a_retain_the_flushing_node_may_not_have_taken_fails_the_restore(monkeyp
     import ray
 
     from dstl_ray.errors import NodeUnavailableError
-    from dstl_ray.log.handle import Segment
+    from dstl_ray.format.segment import Segment
     from dstl_ray.transport.retention import Retention
 
     t = Retention("ns", "J", None)

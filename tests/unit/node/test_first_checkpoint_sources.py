@@ -8,7 +8,7 @@ import asyncio
 
 from dstl_ray import ChangelogConfig
 from dstl_ray.node import ChangelogNode
-from dstl_ray.node.namespaces import Caller
+from dstl_ray.transport.sender import Caller
 
 C = Caller("ns")
 

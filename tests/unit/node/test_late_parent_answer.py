@@ -13,7 +13,7 @@ import pytest
 
 from dstl_ray import ChangelogConfig
 from dstl_ray.format.changelog import EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node import ChangelogNode
 from dstl_ray.node import routing as routing_mod
 from dstl_ray.transport.base import PersistRequest

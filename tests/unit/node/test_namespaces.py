@@ -3,7 +3,8 @@
 import pytest
 
 from dstl_ray import NamespaceError
-from dstl_ray.node.namespaces import Caller, JobNamespaces
+from dstl_ray.node.namespaces import JobNamespaces
+from dstl_ray.transport.sender import Caller
 
 
 def test_first_caller_binds_the_job_and_others_are_refused():

@@ -16,13 +16,13 @@ import types
 import pytest
 
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node import peers as peers_mod
 from dstl_ray.node.lane_server import LaneServer
-from dstl_ray.node.namespaces import Caller
 from dstl_ray.transport import lane_watch
 from dstl_ray.transport.base import PersistRequest
 from dstl_ray.transport.lane import LaneClosedError
+from dstl_ray.transport.sender import Caller
 
 
 def _req(tag: str) -> PersistRequest:

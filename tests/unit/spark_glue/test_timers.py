@@ -176,8 +176,8 @@ def test_on_timer_gets_the_keys_state_and_timers_need_on_timer():
 
 
 def test_a_snapshots_event_time_round_trips_and_is_checked():
-    from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot
     from dstl_ray.errors import HandleError
+    from dstl_ray.state.snapshot import KeyedStateSnapshot
 
     snap = KeyedStateSnapshot("op", FULL, (), None, 1_700_000_000_123)
     d_ = snap.to_dict()

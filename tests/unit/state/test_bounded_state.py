@@ -5,7 +5,7 @@ checkpoints on a real tree."""
 from __future__ import annotations
 
 import dstl_ray as d
-from dstl_ray.checkpoint.registry import SharedStateRegistry
+from dstl_ray.state.registry import SharedStateRegistry
 from dstl_ray.transport.direct import DirectTransport
 
 from ..ckpt_util import MAXP

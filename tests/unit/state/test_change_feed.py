@@ -1,4 +1,4 @@
-"""The change feed between two checkpoints (dstl_ray.state.change_feed; Spark's
+"""The change feed between two checkpoints (dstl_ray.checkpoint.change_feed; Spark's
 readChangeFeed): every change of a state after checkpoint A up to checkpoint B, per key in the
 order made, decoded (TTL stamps stripped); key-group ranges split it; a log started by a
 restore after A counts from its beginning; a materialization that truncated the log past A,
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import dstl_ray as d
+from dstl_ray.checkpoint.change_feed import read_change_feed
 from dstl_ray.errors import StateError
-from dstl_ray.state.change_feed import read_change_feed
 
 from ..ckpt_util import MAXP, client, new_base
 

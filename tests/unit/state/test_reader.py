@@ -1,4 +1,4 @@
-"""The state reader (dstl_ray.state.reader; Flink's State Processor API): the state of a
+"""The state reader (dstl_ray.checkpoint.reader; Flink's State Processor API): the state of a
 checkpoint or savepoint read without running the job equals what the job's backends hold,
 whichever table wrote it (heap, or rocksdb with a materialized handle plus changelog); key-group
 ranges split it without overlap; expired TTL entries are left out; a job directory means its
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import dstl_ray as d
+from dstl_ray.checkpoint.reader import operator_states, read_range, read_state, resolve_checkpoint
 from dstl_ray.errors import RestoreError, StateError
-from dstl_ray.state.reader import operator_states, read_range, read_state, resolve_checkpoint
 from dstl_ray.state.records import StateKind
 
 from ..ckpt_util import MAXP, client, new_base

@@ -13,10 +13,10 @@ import json
 import pytest
 
 import dstl_ray as d
-from dstl_ray.checkpoint.snapshot import KeyedStateSnapshot, component_changes
 from dstl_ray.errors import ConfigError, HandleError, StateError
 from dstl_ray.format.materialized import MaterializedHandle, parse_states
 from dstl_ray.state.records import StateKind, apply_records
+from dstl_ray.state.snapshot import KeyedStateSnapshot, component_changes
 from dstl_ray.state.ttl import StateTtlConfig
 from dstl_ray.storage.registry import get_storage
 from spark_glue.operator import ttl_spec

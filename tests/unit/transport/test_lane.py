@@ -24,12 +24,12 @@ from dstl_ray.errors import (
     StorageError,
 )
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node.lane_server import LaneServer
-from dstl_ray.node.namespaces import Caller
 from dstl_ray.transport.base import PersistRequest
 from dstl_ray.transport.lane import Lane, LaneClosedError, frame, machine_id, open_lane
 from dstl_ray.transport.lane_codec import decode_answer, decode_call, encode_answer, encode_call
+from dstl_ray.transport.sender import Caller
 
 
 def _req(tag: str, data: bytes | None = None) -> PersistRequest:

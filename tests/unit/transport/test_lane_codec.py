@@ -13,9 +13,9 @@ import pytest
 
 from dstl_ray.errors import DstlError
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.node.namespaces import Caller
 from dstl_ray.transport.base import PersistRequest
 from dstl_ray.transport.lane_codec import decode_call, encode_call
+from dstl_ray.transport.sender import Caller
 
 _U32 = struct.Struct(">I")
 

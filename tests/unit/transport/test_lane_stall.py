@@ -20,12 +20,12 @@ import pytest
 
 from dstl_ray.errors import DeadlineError
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.node.lane_server import LaneServer
-from dstl_ray.node.namespaces import Caller
 from dstl_ray.transport import lane as lane_mod
 from dstl_ray.transport.base import PersistRequest
 from dstl_ray.transport.lane import LaneClosedError, open_lane
+from dstl_ray.transport.sender import Caller
 
 BIG = 16 << 20  # far beyond a Unix socket's buffers
 

@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from dstl_ray.errors import NamespaceError, NodeUnavailableError
-from dstl_ray.log.handle import Segment
+from dstl_ray.format.segment import Segment
 from dstl_ray.storage.deleter import Deleter
 from dstl_ray.transport.retention import Retention
 

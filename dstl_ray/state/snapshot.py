@@ -1,28 +1,28 @@
-"""Backend snapshots and checkpoint metadata (FLIP-158 "Performing a checkpoint").
+"""Backend snapshots (FLIP-158 "Performing a checkpoint"): what a state backend hands to a
+checkpoint, and restores from (Flink's ``KeyedStateHandle``, which lives with the state
+backends too; the checkpoint's ``_metadata`` that collects them is
+:mod:`dstl_ray.checkpoint.metadata`).
 
 The snapshot of one backend is an ordered list of components: the materialized state (or,
 before the first materialization after a restore, the components it was restored from) and
 the changelog handle for the changes after the last materialized sqn. Restore applies them in
 order, each filtered to the new key group range.
 
-Checkpoint metadata (``{base}/{job}/chk-{n}/_metadata``) is versioned JSON, never pickle. Files
-are named by paths relative to a job directory (``job``) under the base path, or relative to
-the metadata's own directory (``job: null``, self-contained savepoints); every path is
-validated on read so a metadata file cannot steer reads or deletes outside the base path.
+Snapshots are versioned JSON inside the metadata, never pickle. Files are named by paths
+relative to a job directory (``job``) under the base path, or relative to the metadata's own
+directory (``job: null``, self-contained savepoints); every path is validated on read so a
+snapshot cannot steer reads or deletes outside the base path.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
-import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import HandleError, StorageError
+from ..errors import HandleError
 from ..format.incremental import RocksDBHandle
 from ..format.materialized import (
     SHARED_DIR,
@@ -33,18 +33,14 @@ from ..format.materialized import (
     read_sections,
     states_json,
 )
+from ..format.segment import check_relative_path, show
 from ..keygroups import KeyGroupRange
-from ..log.handle import StateChangelogHandle, check_relative_path, loads, non_negative_int, show
-from ..state.incremental import read_changes
-from ..storage.base import Storage, join, normalize_url
+from ..log.handle import StateChangelogHandle
+from ..storage.base import Storage, join
 from ..storage.registry import get_storage
+from .incremental import read_changes
 
 log = logging.getLogger(__name__)
-
-METADATA_VERSION = 1
-METADATA_FILE = "_metadata"
-MAX_CHECKPOINT_ID = (1 << 63) - 1  # a Flink long
-
 
 def file_name(url: str) -> str:
     """The shared state registry key: the file name only (FLIP-158 "StateChangelog", 4)."""
@@ -188,92 +184,4 @@ class KeyedStateSnapshot:
         out: dict[str, str] = {}
         for c in self.components:
             out.update(component_files(c, base_path, own_dir))
-        return out
-
-
-def parse_timestamp(ts: object) -> float:
-    """A finite JSON number (epoch seconds); anything else raises :class:`HandleError`."""
-    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
-        try:
-            value = float(ts)
-        except OverflowError:
-            value = math.inf
-        if math.isfinite(value):
-            return value
-    raise HandleError(f"bad checkpoint timestamp {show(ts)}")
-
-
-def split_metadata_url(url: str) -> tuple[str, str]:
-    """``{base}/{job}/{dir}/_metadata`` -> (base, ``{base}/{job}/{dir}``)."""
-    own_dir = url.rsplit("/", 1)[0]
-    base = own_dir.rsplit("/", 2)[0]
-    return base, own_dir
-
-
-def delete_metadata(metadata_url: str) -> None:
-    """Delete a checkpoint's ``_metadata``, then its directory if nothing else is in it
-    (Flink disposes of a discarded checkpoint's exclusive directory too): on a file system
-    with directories, one empty ``chk-n`` per checkpoint would otherwise pile up forever,
-    and every listing of the job (orphan cleanup, the registry) walks them all."""
-    storage = get_storage(metadata_url)
-    storage.delete(metadata_url)
-    remove_dir = getattr(storage, "delete_dir", None)
-    if remove_dir is not None:
-        try:  # best effort: a directory left over costs a listing entry, not a checkpoint
-            remove_dir(split_metadata_url(metadata_url)[1])
-        except StorageError as e:
-            log.warning("cannot remove the directory of %s: %s", metadata_url, e)
-
-
-@dataclass(frozen=True)
-class CheckpointMetadata:
-    """Everything needed to restore a checkpoint or savepoint; stored as ``_metadata``."""
-
-    job_id: str
-    checkpoint_id: int
-    kind: str  # "checkpoint" | "savepoint"
-    max_parallelism: int
-    snapshots: tuple[KeyedStateSnapshot, ...]
-    timestamp: float = field(default_factory=time.time)
-
-    def to_json(self) -> str:
-        return json.dumps({"type": "dstl-checkpoint", "version": METADATA_VERSION,
-                           "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
-                           "max_parallelism": self.max_parallelism,
-                           "timestamp": self.timestamp,
-                           "snapshots": [s.to_dict() for s in self.snapshots]},
-                          separators=(",", ":"), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | bytes, metadata_url: str) -> CheckpointMetadata:
-        base, _ = split_metadata_url(normalize_url(metadata_url))
-        d = loads(text, "checkpoint metadata")
-        if not isinstance(d, dict) or d.get("type") != "dstl-checkpoint":
-            raise HandleError("not a dstl checkpoint metadata file")
-        if d.get("version") != METADATA_VERSION:
-            raise HandleError(f"unsupported checkpoint metadata version {show(d.get('version'))}")
-        cid, maxp, kind, ts = d.get("id"), d.get("max_parallelism"), d.get("kind"), \
-            d.get("timestamp", 0.0)
-        if non_negative_int("checkpoint id", cid) > MAX_CHECKPOINT_ID:
-            raise HandleError(f"checkpoint id {cid} exceeds {MAX_CHECKPOINT_ID}")
-        if not isinstance(maxp, int) or isinstance(maxp, bool) or not 0 < maxp <= 1 << 15:
-            raise HandleError(f"bad max_parallelism {show(maxp)}")
-        if kind not in ("checkpoint", "savepoint"):
-            raise HandleError(f"bad checkpoint kind {show(kind)}")
-        job = parse_job(d.get("job"))
-        if job is None:
-            raise HandleError("checkpoint metadata names no job")
-        snaps = d.get("snapshots")
-        if not isinstance(snaps, list):
-            raise HandleError("snapshots must be a list")
-        return cls(job, cid, kind, maxp,
-                   tuple(KeyedStateSnapshot.from_dict(s, base) for s in snaps),
-                   parse_timestamp(ts))
-
-    def files(self, metadata_url: str) -> dict[str, str]:
-        """File name -> URL of every state file this checkpoint references."""
-        base, own_dir = split_metadata_url(normalize_url(metadata_url))
-        out: dict[str, str] = {}
-        for s in self.snapshots:
-            out.update(s.files(base, own_dir))
         return out

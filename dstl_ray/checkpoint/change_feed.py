@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.recovery import CompletedCheckpoint, load_checkpoint
-from ..checkpoint.snapshot import ChangelogComponent
 from ..errors import StateError
 from ..keygroups import KeyGroupRange, key_group_range_for_subtask
+from ..state.records import Op, StateKind, TaggedSerializer, decode_record, split_items
+from ..state.snapshot import ChangelogComponent
+from ..state.ttl import spec_ttl, unstamp
 from .reader import resolve_checkpoint, state_info, the_operator
-from .records import Op, StateKind, TaggedSerializer, decode_record, split_items
-from .ttl import spec_ttl, unstamp
+from .recovery import CompletedCheckpoint, load_checkpoint
 
 _OP_NAMES = {op: op.name.lower() for op in Op}
 
@@ -133,7 +133,7 @@ def check_window(start: str, end: str, operator_id: str | None, state: str) -> s
 def read_change_feed(start: str, end: str, state: str, operator_id: str | None = None,
                      parts: int = 1, index: int = 0) -> Iterator[Change]:
     """The changes of ``state`` after checkpoint ``start`` up to checkpoint ``end`` (see
-    :func:`~dstl_ray.state.reader.resolve_checkpoint` for what names one), in key-group
+    :func:`~dstl_ray.checkpoint.reader.resolve_checkpoint` for what names one), in key-group
     range ``index`` of ``parts``."""
     cs, ce, op = _open(start, end, operator_id, state)
     mine = key_group_range_for_subtask(ce.metadata.max_parallelism, parts, index)

@@ -18,21 +18,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.recovery import (
+from ..errors import RestoreError, StateError
+from ..keygroups import key_group_range_for_subtask
+from ..state.names import StateNames
+from ..state.records import StateKind, TaggedSerializer
+from ..state.restore import restore_state
+from ..state.tables import dump_table, open_table
+from ..state.ttl import spec_ttl
+from ..storage.base import join, normalize_url
+from .metadata import METADATA_FILE
+from .recovery import (
     CompletedCheckpoint,
     assign_sources,
     list_checkpoints,
     load_checkpoint,
 )
-from ..checkpoint.snapshot import METADATA_FILE
-from ..errors import RestoreError, StateError
-from ..keygroups import key_group_range_for_subtask
-from ..storage.base import join, normalize_url
-from .names import StateNames
-from .records import StateKind, TaggedSerializer
-from .restore import restore_state
-from .tables import dump_table, open_table
-from .ttl import spec_ttl
 
 
 @dataclass(frozen=True)
