@@ -1,8 +1,9 @@
 """Node actors emit no deprecation warnings: after a tree ran checkpoints with merged
-changelog files and materializations, the log of no node actor's process holds a
-DeprecationWarning or FutureWarning (the session's Ray workers print every one, once per
-place: WORKER_WARNINGS in tests/conftest.py). Such warnings are raised inside Ray worker
-processes, where the test run's own warning filters (pyproject.toml) do not reach.
+changelog files, a materialization, tracing and up-front routing, the log of no node actor's
+process holds a DeprecationWarning or FutureWarning (the session's Ray workers print every
+one, once per place: WORKER_WARNINGS in tests/conftest.py). Such warnings are raised inside
+Ray worker processes, where the test run's own warning filters (pyproject.toml) do not
+reach.
 
 Also: a node actor knows whether Ray restarted it (dstl_ray.node.dead_writer_check
 ``restarted_at``, which reads Ray's actor table without the deprecated
@@ -67,7 +68,8 @@ def _pid(handle) -> int | None:
 
 def test_node_actors_emit_no_deprecation_warnings(tree_factory, namespace, tmp_path):
     base = f"file://{tmp_path}/x"
-    tree = tree_factory(base=base, file_merging="across_checkpoints", dead_writer_check_s=1.0)
+    tree = tree_factory(base=base, file_merging="across_checkpoints", dead_writer_check_s=1.0,
+                        tracing="memory", routing_horizon=2)
     client = d.StateChangelogClient("warn-job", namespace=namespace)
     coord = d.CheckpointCoordinator("warn-job", base, max_parallelism=MAXP, retained=2)
     backends = coord.restore(client, "op", 2, materialization_interval=None)
