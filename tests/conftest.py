@@ -20,9 +20,13 @@ from pathlib import Path
 import pytest
 from background import BackgroundRuns, Finished, Run  # tests/background.py
 
-from dstl_ray.testing import local_cluster
+from dstl_ray.testing import start_local_cluster, stop_local_cluster
 
 N_NODES = int(os.environ.get("DSTL_TEST_NODES", "5"))
+# Ray's worker processes (node actors, tasks, Spark's executors) inherit this from the raylets
+# the session starts: each prints every DeprecationWarning and FutureWarning, once per place,
+# to its log, where tests/integration/test_node_warnings.py looks for them
+WORKER_WARNINGS = "default::DeprecationWarning,default::FutureWarning"
 TESTS = Path(__file__).resolve().parent
 MARKED_DIRS = {"cluster": TESTS / "cluster", "spark": TESTS / "spark"}
 TIERS = ("unit", "integration", "cluster", "spark")  # the order tests run in
@@ -99,9 +103,22 @@ def background_run():
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A Ray cluster of N_NODES nodes (head + workers), each with 1 logical CPU."""
-    with local_cluster(N_NODES, cpus=1, namespace="dstl_tests") as cluster:
+    """A Ray cluster of N_NODES nodes (head + workers), each with 1 logical CPU, whose
+    worker processes show deprecation warnings (WORKER_WARNINGS; only they: processes this
+    one starts later keep the usual filters)."""
+    before = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(w for w in (before, WORKER_WARNINGS) if w)
+    try:
+        cluster = start_local_cluster(N_NODES, cpus=1, namespace="dstl_tests")
+    finally:
+        if before is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = before
+    try:
         yield cluster
+    finally:
+        stop_local_cluster(cluster)
 
 
 @pytest.fixture

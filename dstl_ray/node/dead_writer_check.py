@@ -39,13 +39,19 @@ def restarted_at() -> float:
 
         if not ray.is_initialized():
             return 0.0
-        ctx = ray.get_runtime_context()
-        if ctx.get_actor_id() is None:
+        actor_id = ray.get_runtime_context().get_actor_id()
+        if actor_id is None:
             return 0.0  # not an actor (unit tests): never restarted
     except Exception:  # noqa: BLE001 - outside Ray
         return 0.0
     try:
-        return time.time() if ctx.was_current_actor_reconstructed else 0.0
+        # Ray's actor table, as RuntimeContext.was_current_actor_reconstructed reads it, but
+        # without its use of the deprecated RuntimeContext.actor_id (a RayDeprecationWarning
+        # in every node actor's log)
+        from ray._private.state import state
+
+        info = state.actor_table(actor_id)
+        return time.time() if info and info.get("NumRestarts", 0) != 0 else 0.0
     except Exception:  # noqa: BLE001 - unknown: take it for restarted (keeps logs, never loses)
         return time.time()
 

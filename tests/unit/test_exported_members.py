@@ -76,3 +76,14 @@ def test_importing_the_test_helpers_does_not_import_pytest_or_moto():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_every_error_class_is_exported():
+    """Every error a user can catch is importable from dstl_ray, as DstlError is."""
+    import inspect
+
+    import dstl_ray.errors
+
+    errors = {name for name, value in vars(dstl_ray.errors).items()
+              if inspect.isclass(value) and issubclass(value, dstl_ray.DstlError)}
+    assert not sorted(errors - set(dstl_ray.__all__))
