@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ class BackgroundRuns:
         self._done: dict[str, Finished | BaseException] = {}
         self._events: dict[str, threading.Event] = {}
         self._thread: threading.Thread | None = None
+        self.seconds: dict[str, float] = {}  # each finished run's wall time
 
     def start(self, names: list[str]) -> None:
         """Run ``names`` in order on a background thread (names not known are refused)."""
@@ -98,6 +100,7 @@ class BackgroundRuns:
         out = self._root / name
         out.mkdir(parents=True, exist_ok=True)
         argv = [a.replace("{out}", str(out)) for a in run.argv]
+        t0 = time.monotonic()
         try:
             proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
                                   timeout=run.timeout)
@@ -105,4 +108,5 @@ class BackgroundRuns:
         except BaseException as e:  # noqa: BLE001 - handed to the test that reads it
             self._done[name] = e
         finally:
+            self.seconds[name] = round(time.monotonic() - t0, 1)
             self._events[name].set()

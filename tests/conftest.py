@@ -16,6 +16,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from background import BackgroundRuns, Finished, Run  # tests/background.py
@@ -85,6 +86,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
               for name in m.args}
     if wanted and not session.config.option.collectonly:
         _RUNS.start([r.name for r in RUNS if r.name in wanted])
+
+
+_TIER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each test's setup, call and teardown time to its tier's."""
+    tier = report.nodeid.split("/")[1] if report.nodeid.startswith("tests/") else "other"
+    _TIER_SECONDS[tier] = _TIER_SECONDS.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Time per tier (the tests' own time: a test waiting for its background run counts
+    the wait), and each background run's wall time (it overlaps the tests)."""
+    if not _TIER_SECONDS:
+        return
+    tiers = ", ".join(f"{t} {_TIER_SECONDS[t]:.0f} s" for t in (*TIERS, "other")
+                      if t in _TIER_SECONDS)
+    terminalreporter.write_line(f"time per tier: {tiers}")
+    if _RUNS.seconds:
+        runs = ", ".join(f"{n} {s:.0f} s" for n, s in _RUNS.seconds.items())
+        terminalreporter.write_line(f"background runs (overlapping): {runs}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
