@@ -74,6 +74,8 @@ def _process_id() -> str:
     (a driver's, a Spark Python worker's, an actor's or a task's process)."""
     import ray
 
+    if not ray.is_initialized():  # (the runtime context would start a local Ray)
+        return ""
     try:
         return ray.get_runtime_context().get_worker_id() or ""
     except Exception as e:  # noqa: BLE001 - unknown: its writers are waited for as before
