@@ -104,7 +104,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Time per tier (the tests' own time: a test waiting for its background run counts
-    the wait), and each background run's wall time (it overlaps the tests)."""
+    the wait), and each experiment run's wall time (counted in its test's, unless it ran
+    in the background: DSTL_TEST_OVERLAP=1)."""
     if not _TIER_SECONDS:
         return
     tiers = ", ".join(f"{t} {_TIER_SECONDS[t]:.0f} s" for t in (*TIERS, "other")
@@ -112,7 +113,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"time per tier: {tiers}")
     if _RUNS.seconds:
         runs = ", ".join(f"{n} {s:.0f} s" for n, s in _RUNS.seconds.items())
-        terminalreporter.write_line(f"background runs (overlapping): {runs}")
+        terminalreporter.write_line(f"experiment runs (wall time): {runs}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
