@@ -76,16 +76,21 @@ class Retention:
         what = f"node {segment.flushed_by} that log {log_id} names {segment.path}"
         try:
             node = self._find(segment.flushed_by)
+        except ValueError:
+            return  # no actor of that name: the node is gone, it forgot its files
+        try:
             self._get(node.retain.remote(self.job_id, segment.path, segment.offset, log_id,
                                          self._caller, incarnation), 30.0)
         except ray.exceptions.ActorUnavailableError as e:  # (a RayActorError too)
             # alive but not reachable now: it still tracks the file and would free it
             raise NodeUnavailableError(f"cannot tell {what}: {e}") from e
-        except (ValueError, ray.exceptions.RayActorError):
-            pass  # that node actor is gone or restarted: it forgot its files, never deletes
+        except ray.exceptions.RayActorError:
+            pass  # that node actor died or restarted: it forgot its files, never deletes
         except NamespaceError:
             raise
         except Exception as e:  # noqa: BLE001 - unsure whether it holds the file for us
+            # the node raised (a ValueError among them: Ray's RayTaskError is also an
+            # instance of its cause's class), so it is alive and did not take the retain
             raise NodeUnavailableError(f"cannot tell {what}: {e}") from e
 
     def release(self, segment: Segment, log_id: str, used: bool,

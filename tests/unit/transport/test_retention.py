@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import ray
 
-from dstl_ray.errors import NamespaceError, NodeUnavailableError
+from dstl_ray.errors import HandleError, NamespaceError, NodeUnavailableError
 from dstl_ray.format.segment import Segment
 from dstl_ray.storage.deleter import Deleter
 from dstl_ray.transport.retention import Retention
@@ -49,6 +49,11 @@ def test_a_retain_goes_to_the_node_that_wrote_the_segment():
     (ray.exceptions.GetTimeoutError("slow"), NodeUnavailableError),
     (NamespaceError("not yours"), NamespaceError),
     (ray.exceptions.ActorDiedError(), None),  # restarted: it forgot its files
+    # the node raised: alive, the retain not taken (Ray re-raises a remote HandleError as a
+    # RayTaskError that is a ValueError too: once read as "no such actor", skipped)
+    (ray.exceptions.RayTaskError("retain", "tb", HandleError("bad path")).as_instanceof_cause(),
+     NodeUnavailableError),
+    (HandleError("bad path"), NodeUnavailableError),
 ])
 def test_what_a_failed_retain_means(error, fails):
     def get(ref: Any, timeout: float) -> Any:
