@@ -333,7 +333,10 @@ class KeyedStatefulOperator:
             try:
                 hosts = executor_hosts(sc)
             except Exception as e:  # noqa: BLE001 - placement is an optimization only
-                log.warning("no executor placement (%s): subtasks run anywhere", e)
+                # query.stop() interrupts the batch's thread in the JVM call: no news
+                first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+                log.log(logging.DEBUG if "InterruptedException" in str(e) else logging.WARNING,
+                        "no executor placement (%s): subtasks run anywhere", first)
         if hosts:
             from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
@@ -357,14 +360,18 @@ class KeyedStatefulOperator:
         one pandas DataFrame (None: no output), or a Spark DataFrame of ``output_schema``."""
         if self.api == "rows":
             return [o for r in results for o in r["outputs"]]
-        from .vectorized import outputs_table
+        from .vectorized import outputs_frame, outputs_table
 
         table = outputs_table(p for r in results for p in r["output_ipc"])
         if self.output_schema is None:
             return None if table is None else table.to_pandas()
+        empty = spark.createDataFrame([], self.output_schema)  # the schema, parsed
         if table is None:
-            return spark.createDataFrame([], self.output_schema)
-        return spark.createDataFrame(table.to_pandas(), self.output_schema)
+            return empty
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        frame = outputs_frame(table, to_arrow_schema(empty.schema))
+        return spark.createDataFrame(frame, empty.schema)
 
     # ------------------------------------------------------------------ state
 

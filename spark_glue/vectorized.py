@@ -175,6 +175,40 @@ def _frames(out: Any) -> Iterable[Any]:
         yield p
 
 
+def outputs_frame(table: Any, schema: Any = None) -> Any:
+    """``table`` as a pandas DataFrame that ``spark.createDataFrame(frame, output_schema)``
+    takes with its nulls. Each column named in ``schema`` (a ``pyarrow.Schema``: the output
+    schema's) is cast to its type first (an int64 a NaN made float64 back to int64; a value
+    the type cannot hold is a :class:`ConfigError` naming the column). pandas turns a null of
+    an integer, boolean or date column into NaN or NaT, which Spark refuses for a LONG ("can
+    not accept object nan") or reads as a NaN DOUBLE: a column with nulls is handed over as
+    Python objects, None for null; the others keep numpy types (a pandas extension type the
+    update used is not restored). When every column of ``schema`` is there, the frame has
+    exactly those, in its order (a groupby's keys come last from Arrow)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for field in schema or ():
+        i = table.schema.get_field_index(field.name)
+        if i < 0 or table.schema.field(i).type == field.type:
+            continue
+        try:
+            column = pc.cast(table.column(i), field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ConfigError(f"output column {field.name!r} holds "
+                              f"{table.schema.field(i).type}, which the output schema's "
+                              f"{field.type} cannot hold: {e}") from e
+        table = table.set_column(i, field.name, column)
+    frame = table.to_pandas(ignore_metadata=True)  # a groupby's keys stay a column
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if column.null_count:
+            frame[name] = pd.Series(column.to_pylist(), dtype=object, index=frame.index)
+    if schema is not None and set(schema.names) <= set(frame.columns):
+        frame = frame[schema.names]  # Spark takes a frame's columns by position
+    return frame
+
+
 def outputs_table(payloads: Iterable[bytes | None]) -> Any:
     """The subtasks' output streams as one Arrow table (None: no subtask had output)."""
     import pyarrow as pa

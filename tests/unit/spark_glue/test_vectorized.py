@@ -14,7 +14,13 @@ import dstl_ray as d
 from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.ttl import StateTtlConfig
 from spark_glue.routing import group_by_key
-from spark_glue.vectorized import KeyedStates, apply_pandas, outputs_table, outputs_to_ipc
+from spark_glue.vectorized import (
+    KeyedStates,
+    apply_pandas,
+    outputs_frame,
+    outputs_table,
+    outputs_to_ipc,
+)
 from spark_glue.worker import apply_rows
 
 from ..ckpt_util import MAXP, client, new_base
@@ -143,6 +149,29 @@ def test_outputs_of_every_shape_and_bad_returns():
         outputs_to_ipc(5)
     with pytest.raises(ConfigError, match="yielded tuple"):
         outputs_to_ipc([("a", 1)])
+
+
+def test_outputs_reach_spark_with_their_nulls_in_the_output_schemas_types():
+    """Regression (issue 30): a null in a LONG output column failed the batch: pandas made
+    it NaN on the way to spark.createDataFrame ("LongType() can not accept object nan")."""
+    df = pd.DataFrame({"k": ["a", "b", "c"], "n": pd.array([1, None, 3], dtype="Int64"),
+                       "f": [1.0, None, 3.0], "s": ["x", None, "z"]})
+    table = outputs_table([outputs_to_ipc(df)])
+    frame = outputs_frame(table)
+    assert frame["n"].tolist() == [1, None, 3] and frame["s"].tolist() == ["x", None, "z"]
+    assert all(type(v) is int for v in frame["n"] if v is not None)
+    # a float column (pandas' NaN for a missing int) cast to the schema's int64
+    schema = pa.schema([("k", pa.string()), ("n", pa.int64()), ("f", pa.int64())])
+    frame = outputs_frame(table, schema)
+    assert frame["f"].tolist() == [1, None, 3] and frame["k"].tolist() == ["a", "b", "c"]
+    assert frame.columns.tolist() == ["k", "n", "f"]  # the schema's, in its order
+    no_nulls = outputs_frame(outputs_table([outputs_to_ipc(df.iloc[[0]])]), schema)
+    assert no_nulls["n"].dtype == np.int64  # columns without nulls stay vectorized
+    by_key = outputs_table([outputs_to_ipc(df.groupby("k")[["n"]].sum())])
+    assert outputs_frame(by_key).columns.tolist() == ["n", "k"]  # the keys: a column
+    assert outputs_frame(by_key, schema.remove(2)).columns.tolist() == ["k", "n"]
+    with pytest.raises(ConfigError, match="output column 'f' holds double"):
+        outputs_frame(outputs_table([outputs_to_ipc(df.assign(f=[1.5, 2.0, 3.0]))]), schema)
 
 
 def test_a_series_on_a_default_index_is_in_keys_order_even_for_int_keys():
