@@ -96,11 +96,14 @@ def _pct(xs: list[float], q: float) -> float:
 def recovery_latency(history: list[Any], fail_at: float | None, window_s: float = 30.0
                      ) -> dict[str, Any]:
     """Checkpoint latency before the failure and after recovery ("Recovery restores speed
-    too"). The cluster has healed at the first checkpoint after the failure whose subtasks
-    ran on as many executors as the last one before it (the node actor restarted, the
-    replacement executor took its share: ``spark_glue.placement``); "after recovery" is
-    the checkpoints of the ``window_s`` after that one (all of them in a shorter run)."""
-    before = [s for s in history if fail_at is None or s.finished_at <= fail_at]
+    too"). "Before" is the checkpoints of the ``window_s`` before the failure, the first
+    batch left out (it pays the query's warm-up: seconds, where later ones take ms). The
+    cluster has healed at the first checkpoint after the failure whose subtasks ran on as
+    many executors as the last one before it (the node actor restarted, the replacement
+    executor took its share: ``spark_glue.placement``); "after recovery" is the checkpoints
+    of the ``window_s`` after that one (all of them in a shorter run)."""
+    before = [s for s in history[1:] if fail_at is None
+              or fail_at - window_s <= s.finished_at <= fail_at] or history[:1]
     out: dict[str, Any] = {
         "checkpoint_ms_p50_before_failure": _p50_ms(before),
         "checkpoint_ms_p50_after_recovery": None, "healed_s": None,
@@ -208,18 +211,23 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
         fail_at: float | None = None
         killed: tuple[str, str] | None = None
         last_print = 0.0
-        def recovered() -> bool:
-            return fail_at is not None and any(s.finished_at > fail_at for s in op.history)
+        def measured() -> bool:
+            """The failure came, the tree healed, and the window after it is over."""
+            if fail_at is None:
+                return False
+            healed = recovery_latency(list(op.history), fail_at)["healed_s"]
+            return healed is not None and time.time() >= fail_at + healed + args.window
 
-        # run for the duration, and in a short run at least until a checkpoint completed
-        # after the failure (bounded)
+        # run for the duration, and with a failure until the window after the tree healed
+        # is over (bounded); the failure comes half-way, once the checkpoints before it
+        # are enough for a p50 (the first batch, the query's warm-up, left out)
         while time.time() - t0 < args.duration or (
-                args.inject and not recovered() and time.time() - t0 < args.duration + 180):
+                args.inject and not measured() and time.time() - t0 < args.duration + 180):
             if q.exception() is not None:
                 raise RuntimeError(f"the stream failed: {q.exception()}")
             now = time.time()
             if (fail_at is None and args.inject and now - t0 >= args.duration / 2
-                    and len(op.history) >= 2):
+                    and len(op.history) >= 1 + args.before_checkpoints):
                 used = Counter(n for s in op.history for n in s.nodes.values())
                 node = used.most_common(1)[0][0]
                 ray.kill(ray.get_actor(node, namespace=NS), no_restart=False)
@@ -275,7 +283,7 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
                                                                                for s in h),
             "killed": list(killed) if killed else None,
             "recovery_s": round(recovery_s, 2) if recovery_s is not None else None,
-            **recovery_latency(list(h), fail_at),
+            **recovery_latency(list(h), fail_at, args.window),
             "state_matches_recomputation": not problems,
             "state_reader_rows": sum(len(v) for v in read_back.values()),
             **sessions,
@@ -346,5 +354,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--materialization-interval", type=float, default=10.0)
     p.add_argument("--verbose", action="store_true",
                    help="Ray, Spark and JVM logs on the terminal (default: a log file)")
+    p.add_argument("--window", type=float, default=30.0,
+                   help="seconds of checkpoints before the failure and after the tree healed "
+                        "that give the p50s before and after (30)")
+    p.add_argument("--before-checkpoints", type=int, default=10,
+                   help="checkpoints (after the first) the failure waits for (10)")
     p.add_argument("--no-failure", dest="inject", action="store_false",
                    help="do not kill a node actor and an executor half-way")

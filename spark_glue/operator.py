@@ -42,14 +42,13 @@ from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
+from .sinks import BatchOutputs, Sink
 from .stats import BatchHistory, BatchStats
 from .timers import TIMERS_STATE
 from .worker import TaskSpec, UpdateFn, run_partition
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[int, Any], None]
-APIS = ("rows", "pandas")
 
 
 def ttl_spec(state_ttl: Mapping[str, StateTtlConfig | float] | None
@@ -151,10 +150,7 @@ class KeyedStatefulOperator:
         if local_dir is not None and (not isinstance(local_dir, str) or not local_dir):
             raise ConfigError(f"local_dir must be a directory path, got {local_dir!r}")
         self.state_backend, self.local_dir = state_backend, local_dir
-        if api not in APIS:
-            raise ConfigError(f"api must be one of {', '.join(APIS)}, got {api!r}")
-        if output_schema is not None and api != "pandas":
-            raise ConfigError("output_schema is for api='pandas' (its outputs are DataFrames)")
+        self.outputs = BatchOutputs(api, output_schema, sink)
         self.api, self.output_schema = api, output_schema
         if on_timer is not None and not callable(on_timer):
             raise ConfigError(f"on_timer must be callable, got {on_timer!r}")
@@ -198,6 +194,7 @@ class KeyedStatefulOperator:
         self.coordinator.restore(None, operator_id, 0)
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
+        self.last_outputs: Any = None  # the last batch's, as the sink got them
 
     # ------------------------------------------------------------------ batches
 
@@ -236,6 +233,14 @@ class KeyedStatefulOperator:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         self.process_batch(df, batch_id)
+
+    def transform(self, df: Any, batch_id: int) -> Any:
+        """:meth:`process_batch`, returning the batch's outputs (a Spark DataFrame with an
+        ``output_schema``), for a ``foreachBatch`` of your own that chains further work on
+        them. They are the outputs of a complete checkpoint; a batch Spark replays gives
+        them again (use a :class:`~spark_glue.sinks.FileSink` for exactly-once files)."""
+        self.process_batch(df, batch_id)
+        return self.last_outputs
 
     def process_batch(self, df: Any, batch_id: int) -> BatchStats:
         """Run micro-batch ``batch_id``: update state, complete checkpoint ``batch_id``, then
@@ -294,9 +299,7 @@ class KeyedStatefulOperator:
             raise
         self._attempts = tuple(r["attempt_id"] for r in results)
         self._check_ttl_names(snaps)
-        outputs = self._outputs(results, spark)
-        if self.sink is not None:
-            self.sink(batch_id, outputs)
+        self.last_outputs = self.outputs.deliver(batch_id, results, spark)
         t3 = time.perf_counter()
         stats = BatchStats(
             batch_id, sum(r["rows"] for r in results), sum(r["keys"] for r in results),
@@ -354,24 +357,6 @@ class KeyedStatefulOperator:
                                f"0..{p - 1}, got {got}")
         self._placement = {r["index"]: r["executor"] for r in results if r["executor"]}
         return sorted(results, key=lambda r: r["index"])
-
-    def _outputs(self, results: list[dict[str, Any]], spark: Any) -> Any:
-        """What the sink gets: the per-key API's outputs as one list; the pandas API's as
-        one pandas DataFrame (None: no output), or a Spark DataFrame of ``output_schema``."""
-        if self.api == "rows":
-            return [o for r in results for o in r["outputs"]]
-        from .vectorized import outputs_frame, outputs_table
-
-        table = outputs_table(p for r in results for p in r["output_ipc"])
-        if self.output_schema is None:
-            return None if table is None else table.to_pandas()
-        empty = spark.createDataFrame([], self.output_schema)  # the schema, parsed
-        if table is None:
-            return empty
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        frame = outputs_frame(table, to_arrow_schema(empty.schema))
-        return spark.createDataFrame(frame, empty.schema)
 
     # ------------------------------------------------------------------ state
 

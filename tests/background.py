@@ -87,6 +87,12 @@ class BackgroundRuns:
             raise got
         return got
 
+    def wait_idle(self) -> None:
+        """Until no run is going (the runs started so far have all finished)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
     def close(self) -> None:
         """Remove what the runs wrote (a run still going is left to its timeout)."""
         shutil.rmtree(self._root, ignore_errors=True)

@@ -7,8 +7,9 @@ from their directory, so ``pytest -m "not spark"`` leaves the Spark tests out.
 
 Order: the unit tests first (no cluster is up while they run), then integration, cluster and
 Spark. The experiments that bring a cluster of their own (``@pytest.mark.background(NAME)``,
-runs listed in ``RUNS``) run when their test asks; with DSTL_TEST_OVERLAP=1 they start in the
-background when the session starts, one at a time (``tests/background.py``)."""
+runs listed in ``RUNS``) start in the background when the session starts, one at a time
+(``tests/background.py``; DSTL_TEST_OVERLAP=0: each when its test asks). Tests marked
+``quiet`` (timing bounds the overlap would break) run last, once no run is going."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ RUNS = (
     Run("chaos_spark", (PY, "-m", "experiments.chaos_spark", "--quick", "--seed", "3",
                         "--out", "{out}")),
     Run("demo", (str(Path(PY).parent / "dstl-ray"), "demo", "--duration", "14",
-                 "--base-path", "{out}/demo"), 600.0),
+                 "--window", "5", "--before-checkpoints", "3", "--base-path", "{out}/demo"),
+        600.0),
 )
 _RUNS = BackgroundRuns(RUNS)
 
@@ -76,21 +78,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(getattr(pytest.mark, marker))
         if item.get_closest_marker("background") is not None:  # may wait for its run
             item.add_marker(pytest.mark.timeout(1800))
-    # within a tier, the tests reading a background run last: the run gets the most time
-    items.sort(key=lambda item: (_tier(item), item.get_closest_marker("background") is not None))
+    # within a tier, the tests reading a background run last: the run gets the most time;
+    # the quiet tests after every other, when the background runs are over
+    items.sort(key=lambda item: (item.get_closest_marker("quiet") is not None, _tier(item),
+                                 item.get_closest_marker("background") is not None))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """With DSTL_TEST_OVERLAP=1, start the background runs the selected tests (after ``-k``
-    and ``-m``) read. Off by default: on two cores the overlap saved a few minutes but made
-    timing tests late (a hedge that must win within 1.4 s) and raced the cluster start-ups
-    of the runs with a `ray start` test; each run then goes when its test asks for it."""
-    if os.environ.get("DSTL_TEST_OVERLAP", "0") != "1":
+    """Start the background runs the selected tests (after ``-k`` and ``-m``) read, one at a
+    time on a thread, while the tests that need none run in the foreground
+    (DSTL_TEST_OVERLAP=0: each run goes when its test asks for it). A test that needs the
+    machine to itself (a timing bound: a hedge that must win within 1.4 s, a `ray start`
+    cluster whose agents must come up in time) is marked ``quiet``: it runs at the end of
+    the session and waits until no run is going (:func:`pytest_runtest_setup`)."""
+    if os.environ.get("DSTL_TEST_OVERLAP", "1") == "0":
         return
     wanted = {name for item in session.items for m in item.iter_markers("background")
               for name in m.args}
     if wanted and not session.config.option.collectonly:
         _RUNS.start([r.name for r in RUNS if r.name in wanted])
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A quiet test waits until no background run is going."""
+    if item.get_closest_marker("quiet") is not None:
+        _RUNS.wait_idle()
 
 
 _TIER_SECONDS: dict[str, float] = {}
@@ -104,8 +116,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Time per tier (the tests' own time: a test waiting for its background run counts
-    the wait), and each experiment run's wall time (counted in its test's, unless it ran
-    in the background: DSTL_TEST_OVERLAP=1)."""
+    the wait), and each experiment run's wall time (counted in its test's only when it did
+    not run in the background: DSTL_TEST_OVERLAP=0)."""
     if not _TIER_SECONDS:
         return
     tiers = ", ".join(f"{t} {_TIER_SECONDS[t]:.0f} s" for t in (*TIERS, "other")

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
 
 
@@ -52,6 +54,7 @@ print("HANDLE", h.to_json())
 """
 
 
+@pytest.mark.quiet  # `ray start`'s agents must come up in time: not beside another cluster's
 def test_up_status_checkpoint_down_on_ray_start_cluster(tmp_path):
     port = _free_port()
     address = f"127.0.0.1:{port}"

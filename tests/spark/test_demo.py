@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.background("demo")
 def test_demo_short_run(background_run):
-    # dstl-ray demo --duration 14 (tests/conftest.py RUNS)
+    # dstl-ray demo --duration 14 --window 5 --before-checkpoints 3 (tests/conftest.py RUNS)
     run = background_run("demo")
     base, proc = run.out / "demo", run.proc
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The README's Spark blocks run as written, in order, in one namespace
 (tests/unit/docs_util.py): the Structured Streaming query over two files of events (two
-micro-batches), the vectorized and the session windows' operators (made, not run:
+micro-batches) into a file sink read back with ``spark.read``, the vectorized and the session windows' operators (made, not run:
 tests/spark/test_vectorized_api.py and test_timers.py run such operators), and reading the
 state and the changes back. ``/data`` and ``/out`` are in this test's temporary directory,
 and ``start_spark`` returns the session's Spark (RayDP runs one Spark per Ray cluster)."""
@@ -55,6 +55,9 @@ def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monke
         query.processAllAvailable()
         count, total = _totals(EVENTS)
         assert names["op"].state() == {"count": dict(count), "sum": dict(total)}
+        files = spark.read.parquet(str(tmp_path / "out" / "user-totals")).collect()
+        assert sorted(tuple(r) for r in files) == [  # each batch's outputs, once
+            ("u1", 2, 6), ("u2", 1, 7), ("u2", 2, 10), ("u3", 1, 4)]
 
         run(vectorized)  # its update function's shape runs in test_vectorized_api.py
         run(windows)

@@ -83,7 +83,7 @@ def run_stream(spark, op, src: Path, chk: Path, timeout: float = 240.0):
 def test_exactly_once_under_task_retries(spark, tree_factory, namespace, tmp_path):
     tree = tree_factory(persist_delay_s=0.02)
     src = tmp_path / "in"
-    write_events(src, 4, 200, seed=1)
+    write_events(src, 2, 200, seed=1)
     sunk: dict[int, list] = {}
     op = KeyedStatefulOperator("retries", key="user", update=flaky_count_and_sum,
                                namespace=namespace, parallelism=4, max_parallelism=32,
@@ -91,9 +91,9 @@ def test_exactly_once_under_task_retries(spark, tree_factory, namespace, tmp_pat
                                sink=lambda b, out: sunk.__setitem__(b, out))
     run_stream(spark, op, src, tmp_path / "chk")
     assert op.state() == expected(spark, src)
-    assert [s.batch_id for s in op.history] == [0, 1, 2, 3]
+    assert [s.batch_id for s in op.history] == [0, 1]
     assert all(s.retries >= 1 for s in op.history)  # every batch retried u7's task
-    assert sorted(sunk) == [0, 1, 2, 3]
+    assert sorted(sunk) == [0, 1]
     last = {}
     for b in sorted(sunk):
         for user, c, _s in sunk[b]:
@@ -180,13 +180,14 @@ def test_a_restart_whose_state_is_gone_fails_until_told_to_start_over(spark, tre
     op3.close()
 
 
-@pytest.mark.parametrize("state_backend", ["heap", "rocksdb"])
-def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path,
-                                                 state_backend):
+def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path):
+    """With the RocksDB table (the heap table meets the same kills in the chaos and the
+    demo runs, tests/spark/test_chaos_spark.py and test_demo.py)."""
+    state_backend = "rocksdb"
     tree = tree_factory(persist_delay_s=0.02)
     src, chk = tmp_path / "in", tmp_path / "chk"
     write_events(src, 3, 150, seed=3)
-    op = KeyedStatefulOperator(f"loss-{state_backend}", key="user", update=count_and_sum,
+    op = KeyedStatefulOperator("loss", key="user", update=count_and_sum,
                                namespace=namespace, parallelism=4, max_parallelism=32,
                                materialization_interval=1.0, state_backend=state_backend,
                                local_dir=str(tmp_path / "local"))
@@ -215,8 +216,8 @@ def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace,
     assert op.state() == expected(spark, src)
     assert sum(s.restores for s in op.history[3:]) >= 1
     assert tree.status()
-    if state_backend == "rocksdb":  # the subtasks materialized incrementally, from RocksDB
-        comps = [type(c).__name__ for snap in
-                 op.coordinator.latest_checkpoint().metadata.snapshots for c in snap.components]
-        assert "RocksDBHandle" in comps and "MaterializedHandle" not in comps, comps
+    # the subtasks materialized incrementally, from RocksDB
+    comps = [type(c).__name__ for snap in
+             op.coordinator.latest_checkpoint().metadata.snapshots for c in snap.components]
+    assert "RocksDBHandle" in comps and "MaterializedHandle" not in comps, comps
     op.close()

@@ -33,6 +33,8 @@ FOREIGN = {
     "StateChangeFsUploader": "Flink",
     "NodeAffinitySchedulingStrategy": "Ray",
     "Row": "pyspark.sql",
+    "StructType": "pyspark.sql.types",
+    "FileStreamSink": "Spark (Structured Streaming's file sink)",
 }
 FOREIGN_PATHS = {"tests/abstract"}  # fsspec's conformance tests
 

@@ -20,6 +20,7 @@ from dstl_ray.errors import ConfigError, DstlError, MissingStateError
 from dstl_ray.storage.registry import get_storage
 from spark_glue.operator import KeyedStatefulOperator, is_replay
 from spark_glue.replay import missing_state
+from spark_glue.sinks import BatchOutputs
 from spark_glue.stats import BatchHistory, BatchStats
 
 JOB = "op-batches"
@@ -91,6 +92,7 @@ class Driver:
         op.state_ttl = ()
         op.state_backend, op.local_dir = "heap", None
         op.api, op.output_schema = "rows", None
+        op.outputs = BatchOutputs("rows", None, None)
         op.on_timer, op.event_time, op.allowed_delay_ms = None, None, 0
         op._attempts, op._replay_time = (), {}
         op._ttl_names_checked = False

@@ -1,0 +1,121 @@
+"""Where a :class:`~spark_glue.operator.KeyedStatefulOperator`'s outputs go once a batch's
+checkpoint is complete (docs/architecture.md "Spark glue: outputs").
+
+* :class:`BatchOutputs` shapes the subtasks' outputs for the sink: the per-key API's as one
+  list, the vectorized API's as one pandas DataFrame, or, with an ``output_schema`` (either
+  API), a Spark DataFrame of that schema.
+* :class:`FileSink` writes them exactly once with Spark's own file sink: Structured
+  Streaming's ``FileStreamSink``, the same class ``writeStream.format("parquet")`` uses.
+  Each batch's files, then the batch's entry of the ``_spark_metadata`` log (compacted every
+  ``spark.sql.streaming.fileSink.log.compactInterval`` batches, as Spark does), written
+  before the operator returns to Spark and Spark writes its commit. A batch the log already
+  has is skipped: a batch Spark replays after a driver restart (its checkpoint is
+  recomputed, its outputs are the same) is not written twice. Files of a batch that failed
+  before its log entry are in no entry. ``spark.read.parquet(path)`` reads the files the log
+  names, so it shows every batch exactly once after task retries, executor kills, replays
+  and driver restarts, with no user code idempotent by batch id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from dstl_ray.errors import ConfigError
+
+Sink = Callable[[int, Any], None]
+FORMATS = ("parquet", "json", "csv", "orc")
+APIS = ("rows", "pandas")
+
+
+class FileSink:
+    """Spark's file sink at ``path`` in ``format`` (parquet, json, csv or orc), with the
+    writer's ``options`` (``compression``, csv's ``header``...) and ``partition_by``
+    columns: pass it as an operator's ``sink`` (with ``output_schema``)."""
+
+    def __init__(self, path: str, format: str = "parquet", *,
+                 options: Mapping[str, str] | None = None,
+                 partition_by: Iterable[str] = ()) -> None:
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"FileSink path must be a directory path or URL, got {path!r}")
+        if format not in FORMATS:
+            raise ConfigError(f"FileSink format must be one of {', '.join(FORMATS)}, got "
+                              f"{format!r}")
+        self.path, self.format = path, format
+        self.options = {str(k): str(v) for k, v in (options or {}).items()}
+        self.partition_by = tuple(partition_by)
+        self._sinks: dict[int, Any] = {}  # per JVM session: its FileStreamSink
+
+    def __call__(self, batch_id: int, outputs: Any) -> None:
+        """Write batch ``batch_id``'s outputs (a Spark DataFrame), unless the log has it."""
+        if not hasattr(outputs, "_jdf"):
+            raise ConfigError(f"FileSink writes Spark DataFrames, got "
+                              f"{type(outputs).__name__}: give the operator an output_schema")
+        self._sink(outputs.sparkSession).addBatch(batch_id, outputs._jdf)
+
+    def committed(self, spark: Any) -> int | None:
+        """The latest batch id in the ``_spark_metadata`` log (None: none yet)."""
+        latest = self._sink(spark).fileLog().getLatestBatchId()
+        return int(latest.get()) if latest.isDefined() else None
+
+    def _sink(self, spark: Any) -> Any:
+        jsession = spark._jsparkSession
+        sink = self._sinks.get(id(jsession))
+        if sink is None:
+            jvm = spark._jvm
+            conf = jsession.sessionState().conf()
+            cls = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+                self.format, conf)
+            file_format = cls.getDeclaredConstructor(
+                spark.sparkContext._gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
+                spark.sparkContext._gateway.new_array(jvm.java.lang.Object, 0))
+            utils = jvm.org.apache.spark.api.python.PythonUtils
+            sink = jvm.org.apache.spark.sql.execution.streaming.FileStreamSink(
+                jsession, self.path, file_format, utils.toSeq(list(self.partition_by)),
+                utils.toScalaMap(self.options))
+            self._sinks[id(jsession)] = sink
+        return sink
+
+    def __repr__(self) -> str:
+        return f"FileSink({self.path!r}, {self.format!r})"
+
+
+class BatchOutputs:
+    """The outputs of one operator's batches, shaped for its ``sink`` and handed to it."""
+
+    def __init__(self, api: str, output_schema: Any, sink: Sink | None) -> None:
+        if api not in APIS:
+            raise ConfigError(f"api must be one of {', '.join(APIS)}, got {api!r}")
+        if sink is not None and not callable(sink):
+            raise ConfigError(f"sink must be callable as sink(batch_id, outputs), got {sink!r}")
+        if isinstance(sink, FileSink) and output_schema is None:
+            raise ConfigError(f"{sink!r} writes Spark DataFrames: give the operator an "
+                              f"output_schema (a DDL string such as 'user STRING, n LONG' or "
+                              f"a StructType)")
+        self.api, self.schema, self.sink = api, output_schema, sink
+
+    def deliver(self, batch_id: int, results: list[dict[str, Any]], spark: Any) -> Any:
+        """The batch's outputs, after the sink (if any) took them."""
+        outputs = self.shape(results, spark)
+        if self.sink is not None:
+            self.sink(batch_id, outputs)
+        return outputs
+
+    def shape(self, results: list[dict[str, Any]], spark: Any) -> Any:
+        """The per-key API's outputs as one list, the vectorized API's as one pandas
+        DataFrame (None: no output); with ``output_schema``, a Spark DataFrame of it."""
+        if self.api == "rows":
+            rows = [o for r in results for o in r["outputs"]]
+            return rows if self.schema is None else spark.createDataFrame(rows, self.schema)
+        from .vectorized import outputs_frame, outputs_table
+
+        table = outputs_table(p for r in results for p in r["output_ipc"])
+        if self.schema is None:
+            return None if table is None else table.to_pandas()
+        empty = spark.createDataFrame([], self.schema)  # the schema, parsed
+        if table is None:
+            return empty
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        frame = outputs_frame(table, to_arrow_schema(empty.schema))
+        return spark.createDataFrame(frame, empty.schema)
