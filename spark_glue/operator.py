@@ -41,6 +41,7 @@ from dstl_ray.state.snapshot import KeyedStateSnapshot
 from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
+from .initial import InitialState
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
 from .sinks import BatchOutputs, Sink
 from .stats import BatchHistory, BatchStats
@@ -109,6 +110,11 @@ class KeyedStatefulOperator:
     ``local_dir`` on the executor, default its temp directory: state larger than memory,
     incremental materialization). Checkpoints of either restore into the other.
 
+    ``initial_state`` starts the job from another job's checkpoint or savepoint (a URL or
+    path, a job id on the tree, or an operator: :mod:`spark_glue.initial`) at any
+    parallelism, whenever the job has no complete checkpoint of its own; the source's files
+    are never written or deleted.
+
     ``on_missing_state`` says what a batch ``n > 0`` does when the job has no complete
     checkpoint ``n - 1`` (or ``n``, a replay): ``"fail"`` (the default) raises
     :class:`~dstl_ray.errors.MissingStateError` on the driver before any task runs, naming
@@ -125,7 +131,8 @@ class KeyedStatefulOperator:
                  state_backend: str = "heap", local_dir: str | None = None,
                  api: str = "rows", output_schema: Any = None,
                  on_timer: Callable[..., Any] | None = None, event_time: str | None = None,
-                 allowed_delay: float = 0.0, on_missing_state: str = "fail") -> None:
+                 allowed_delay: float = 0.0, on_missing_state: str = "fail",
+                 initial_state: Any = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -192,6 +199,10 @@ class KeyedStatefulOperator:
         # FLIP-158 "Cleanup after recovery": load retained checkpoints, delete orphans,
         # before any checkpoint of this incarnation starts
         self.coordinator.restore(None, operator_id, 0)
+        self.initial_state = None if initial_state is None else InitialState.resolve(
+            initial_state, operator_id, max_parallelism, self.namespace)
+        if self.initial_state is not None:  # the other job's files: never ours to delete
+            self.coordinator.registry.protect(self.initial_state.files)
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
         self.last_outputs: Any = None  # the last batch's, as the sink got them
@@ -274,10 +285,11 @@ class KeyedStatefulOperator:
             self.epoch = uuid.uuid4().hex
             self._attempts = ()
             latest = cc.latest_checkpoint()
+        initial = self.initial_state.metadata_url if self.initial_state else None
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
-                        latest.metadata_url if latest else None,
+                        latest.metadata_url if latest else initial,
                         subsumed_watermark=cc.subsumed_watermark(),
                         caller_namespace=self.caller_namespace,
                         incarnation=str(cc.incarnation),
@@ -286,7 +298,8 @@ class KeyedStatefulOperator:
                         on_timer=self.on_timer, event_time=self.event_time,
                         allowed_delay_ms=self.allowed_delay_ms,
                         event_time_ms=snapshot_time(latest, "event_time_ms", max),
-                        now_ms=now_ms, attempts=self._attempts)
+                        now_ms=now_ms, attempts=self._attempts,
+                        initial=latest is None and initial is not None)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

@@ -84,6 +84,9 @@ class TaskSpec:
     # per subtask, the attempt whose snapshot the restore checkpoint holds (empty: unknown):
     # a cached backend of another attempt of that batch (a duplicate task) is not trusted
     attempts: tuple[str, ...] = ()
+    # restore_url is the operator's initial_state (another job's checkpoint): the restored
+    # state is materialized into the job's own files before the batch's snapshot
+    initial: bool = False
 
 
 @dataclass
@@ -149,12 +152,15 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
     if spec.restore_url is not None:
         cc = load_checkpoint(spec.restore_url)
         sources = assign_sources(cc, spec.operator_id, spec.parallelism)[index]
-    return ChangelogKeyedStateBackend(client, spec.operator_id, kgr, spec.max_parallelism,
-                                      restore=sources,
-                                      materialization_interval=spec.materialization_interval,
-                                      incarnation=spec.incarnation,
-                                      state_backend=spec.state_backend,
-                                      local_dir=spec.local_dir)
+    backend = ChangelogKeyedStateBackend(client, spec.operator_id, kgr, spec.max_parallelism,
+                                         restore=sources,
+                                         materialization_interval=spec.materialization_interval,
+                                         incarnation=spec.incarnation,
+                                         state_backend=spec.state_backend,
+                                         local_dir=spec.local_dir)
+    if spec.initial:  # no snapshot of this job may name the other job's files
+        backend.materialize_now()
+    return backend
 
 
 def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any

@@ -205,6 +205,4 @@ def materialize_now(backends: list[ChangelogKeyedStateBackend]) -> None:
     """Materialize every backend at once and wait: after a NO_CLAIM or savepoint restore
     the first checkpoint must not depend on the foreign files."""
     for b in backends:
-        f = b.materialize(force=True)
-        if f is not None:
-            f.result(timeout=300)
+        b.materialize_now()

@@ -177,16 +177,6 @@ class ChangelogKeyedStateBackend:
     def materialized_sqn(self) -> int:
         return self._files.materialized_sqn
 
-    @property
-    def _base_files(self) -> dict[str, str]:
-        """File name -> URL of the files of the materialized (or restored) base."""
-        return self._files.base_files
-
-    @property
-    def _segment_files(self) -> dict[str, tuple[str, int]]:
-        """Changelog files our snapshots may still name: name -> (url, max sqn)."""
-        return self._files.segment_files
-
     def set_incarnation(self, incarnation: str) -> None:
         """The run of the job this backend writes for (:mod:`dstl_ray.checkpoint.lease`): its requests
         carry it, so node actors keep the job's state per incarnation."""
@@ -345,6 +335,13 @@ class ChangelogKeyedStateBackend:
                 self.maybe_materialize()
             except DstlError as e:  # a failed start is retried at the next tick
                 log.warning("periodic materialization of %s: %s", self.operator_id, e)
+
+    def materialize_now(self, timeout: float = 300.0) -> None:
+        """Materialize and wait, raising what it raised (one the restore started counts):
+        after a restore from another job's checkpoint no snapshot may name its files."""
+        f = self.materialize(force=True) or self._mat_future
+        if f is not None:
+            f.result(timeout=timeout)
 
     def wait_materialization(self, timeout: float | None = None) -> None:
         f = self._mat_future

@@ -72,7 +72,7 @@ def _no_leftovers(tmp_path, coord, bs, timeout=10.0):
     deadline = time.monotonic() + timeout
     while True:
         on_disk = _shared_on_disk(tmp_path)
-        ref = _referenced_shared(coord) | {u for b in bs for u in b._base_files.values()
+        ref = _referenced_shared(coord) | {u for b in bs for u in b._files.base_files.values()
                                            if "/shared/" in u}
         if on_disk == ref or time.monotonic() > deadline:
             assert on_disk == ref
@@ -282,7 +282,7 @@ def test_rescale_copies_written_during_restore_survive_its_orphan_cleanup(tmp_pa
     coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=2)
     bs = coord.restore(client("job", base), "op", 3, materialization_interval=None,
                        file_merging=FileMergingOptions(mode), executor=_InlineExecutor())
-    copies = {u for b in bs for u in b._base_files.values()}
+    copies = {u for b in bs for u in b._files.base_files.values()}
     assert all(b.file_merging_stats()["segments_written"] == 1 for b in bs)
     gone = [u for u in copies if not os.path.exists(u[len("file://"):])]
     assert not gone, f"the restore's cleanup deleted the new subtasks' state: {gone}"

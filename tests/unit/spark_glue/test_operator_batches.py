@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 import dstl_ray as d
-from dstl_ray.checkpoint.recovery import assign_sources
+from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
 from dstl_ray.errors import ConfigError, DstlError, MissingStateError
 from dstl_ray.storage.registry import get_storage
+from spark_glue.initial import InitialState
 from spark_glue.operator import KeyedStatefulOperator, is_replay
 from spark_glue.replay import missing_state
 from spark_glue.sinks import BatchOutputs
@@ -80,11 +81,12 @@ class Driver:
     """A KeyedStatefulOperator on a real coordinator (file://), with ``_run`` answering as
     one subtask whose backend lives in this process (no Ray, no Spark)."""
 
-    def __init__(self, tmp_path: Any, history_limit: int | None = 1000) -> None:
-        self.base = f"file://{tmp_path}/dfs"
-        self.client = d.StateChangelogClient(JOB, transport=d.DirectTransport(JOB, self.base))
+    def __init__(self, tmp_path: Any, history_limit: int | None = 1000, *, job: str = JOB,
+                 key: str = "k", initial_state: Any = None) -> None:
+        self.base, self.job, self.key = f"file://{tmp_path}/dfs", job, key
+        self.client = d.StateChangelogClient(job, transport=d.DirectTransport(job, self.base))
         op = KeyedStatefulOperator.__new__(KeyedStatefulOperator)
-        op.job_id, op.key, op.update, op.namespace = JOB, "k", lambda *a: None, "ns"
+        op.job_id, op.key, op.update, op.namespace = job, "k", lambda *a: None, "ns"
         op.operator_id, op.max_parallelism, op.materialization_interval = "op", MAXP, None
         op.sink, op._spark, op._parallelism, op.sticky, op._placement = None, object(), 1, \
             False, {}
@@ -97,8 +99,12 @@ class Driver:
         op._attempts, op._replay_time = (), {}
         op._ttl_names_checked = False
         op.on_missing_state = "fail"
-        op.coordinator = d.CheckpointCoordinator(JOB, self.base, max_parallelism=MAXP,
+        op.coordinator = d.CheckpointCoordinator(job, self.base, max_parallelism=MAXP,
                                                  retained=3)
+        op.initial_state = None if initial_state is None else InitialState.resolve(
+            initial_state, "op", MAXP)
+        if op.initial_state is not None:  # as the operator does
+            op.coordinator.registry.protect(op.initial_state.files)
         op.epoch = uuid.uuid4().hex
         op.history = BatchHistory(maxlen=history_limit)
         op._run = self.run
@@ -115,10 +121,12 @@ class Driver:
 
     def run(self, df: Any, spec: Any) -> list[dict[str, Any]]:
         self.runs.append(spec.batch_id)
-        if spec.restore_id != self.backend_holds:  # a replay: restore from the checkpoint
+        if spec.restore_id != self.backend_holds or spec.initial:  # restore, as a task does
             self.backend.close()
-            self.backend = self._backend(self.op.coordinator.latest_checkpoint())
-        self.backend.value_state("v").update("k", spec.batch_id)
+            self.backend = self._backend(spec.restore_url and load_checkpoint(spec.restore_url))
+            if spec.initial:
+                self.backend.materialize_now()
+        self.backend.value_state("v").update(self.key, spec.batch_id)
         snap = self.backend.snapshot(checkpoint_id=spec.batch_id).result(timeout=30)
         snap = dataclasses.replace(snap, processing_time_ms=spec.now_ms)  # as run_partition
         self.specs.append(spec)
@@ -132,7 +140,7 @@ class Driver:
     backend_holds = -1
 
     def files(self) -> set[str]:
-        root = f"{self.base}/{JOB}"
+        root = f"{self.base}/{self.job}"
         return set(get_storage(root).list_files(root))
 
     def close(self) -> None:
@@ -218,6 +226,53 @@ def test_the_last_batch_is_replayed_from_the_checkpoint_before_it(tmp_path):
     assert [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()] == [0, 1, 2]
     assert drv.op.state() == {"v": {"k": 2}}
     drv.close()
+
+
+# ------------------------------------------------------------------ initial state
+
+
+def test_a_job_starts_from_another_jobs_checkpoint_and_never_touches_its_files(tmp_path):
+    """initial_state (issue 30 item 2): the first batch restores from the other job's
+    checkpoint and materializes it into the job's own files, so its checkpoints never name
+    the other job's files; a replay of that batch restores from it again."""
+    other = Driver(tmp_path, job="other", key="a")
+    for b in range(3):
+        other.op.process_batch(None, b)
+    source = other.op.coordinator.latest_checkpoint()
+    other.close()
+    before = other.files()
+    drv = Driver(tmp_path, initial_state=f"{other.base}/other")  # the job directory
+    assert drv.op.initial_state.metadata_url == source.metadata_url
+    drv.op.process_batch(None, 0)
+    assert drv.specs[0].initial and drv.specs[0].restore_url == source.metadata_url
+    assert drv.op.state() == {"v": {"a": 2, "k": 0}}  # the other job's state, then batch 0
+    ours = drv.op.coordinator.latest_checkpoint()
+    assert ours.files and not any("/other/" in u for u in ours.files.values()), ours.files
+    drv.op.process_batch(None, 1)
+    drv.op.process_batch(None, 1)  # replays restore from our checkpoint 0
+    assert not drv.specs[-1].initial and drv.specs[-1].restore_id == 0
+    drv.op.process_batch(None, 2)
+    drv.op.process_batch(None, 3)  # checkpoint 0 subsumed: none of its files were the other's
+    drv.close()
+    assert other.files() == before  # nothing of the other job written or deleted
+    replay = Driver(tmp_path / "again", initial_state=source.metadata_url)
+    replay.op.process_batch(None, 0)
+    replay.op.process_batch(None, 0)  # a replay of the first batch: from the source again
+    assert replay.specs[-1].initial and replay.op.state() == {"v": {"a": 2, "k": 0}}
+    replay.close()
+
+
+def test_an_initial_state_that_does_not_fit_is_a_config_error(tmp_path):
+    other = Driver(tmp_path, job="other", key="a")
+    other.op.process_batch(None, 0)
+    other.close()
+    url = other.op.coordinator.latest_checkpoint().metadata_url
+    with pytest.raises(ConfigError, match="max_parallelism 16, the operator 32"):
+        InitialState.resolve(url, "op", 32)
+    with pytest.raises(ConfigError, match="has no operator 'keyed' \\(it has 'op'\\)"):
+        InitialState.resolve(url, "keyed", MAXP)
+    with pytest.raises(ConfigError, match="initial_state must be a checkpoint or savepoint"):
+        InitialState.resolve(5, "op", MAXP)
 
 
 # ------------------------------------------------------------------ history

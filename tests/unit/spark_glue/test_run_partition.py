@@ -5,6 +5,7 @@ batch reuses the cached backend only when it names this attempt."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -13,7 +14,14 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dstl_ray import DirectTransport, StateChangelogClient
+from dstl_ray import (
+    ChangelogKeyedStateBackend,
+    CheckpointCoordinator,
+    DirectTransport,
+    KeyGroupRange,
+    StateChangelogClient,
+)
+from dstl_ray.state.snapshot import KeyedStateSnapshot
 from spark_glue import worker
 from spark_glue.routing import splitter
 from spark_glue.worker import TaskSpec, run_partition
@@ -90,3 +98,26 @@ def test_the_pandas_api_returns_its_outputs_as_arrow():
     t = outputs_table(r["output_ipc"])
     assert dict(zip(t.column("user").to_pylist(), t.column("n").to_pylist(), strict=True)) == \
         {"a": 2, "b": 1}
+
+
+def test_a_first_batch_from_another_jobs_checkpoint_names_none_of_its_files():
+    """initial_state (issue 30 item 2): the task restores its key groups of the other job's
+    checkpoint and materializes them into this job's files before its snapshot; restored
+    only, the snapshot named the other job's changelog files (deleted with it later)."""
+    base = worker._client(None).transport.base_path
+    other = StateChangelogClient("other", transport=DirectTransport("other", base))
+    coord = CheckpointCoordinator("other", base, max_parallelism=MAXP)
+    b = ChangelogKeyedStateBackend(other, "op", KeyGroupRange(0, MAXP - 1), MAXP,
+                                   materialization_interval=None)
+    coord.register_backend(b)
+    for user in ("a", "b", "zz"):
+        b.value_state("n").update(user, 40)
+    source = coord.trigger_checkpoint().result(timeout=30)
+    first = dataclasses.replace(spec(0, -1), restore_url=source.metadata_url, initial=True)
+    (r0,) = run_partition(first, 0, iter(payloads([("a", 100)])))
+    assert r0["outputs"] == [("a", 41)]  # the other job's count, and this batch's row
+    snap = KeyedStateSnapshot.from_dict(json.loads(r0["snapshot"]), base)
+    named = snap.files(base, f"{base}/{JOB}/chk-0").values()
+    assert named and not any("/other/" in u for u in named), named
+    coord.shutdown()
+    other.close()

@@ -22,7 +22,7 @@ def test_a_backend_without_registry_forgets_files_it_can_no_longer_name(tmp_path
         if cid % 10 == 0:
             b.materialize().result(timeout=30)
         b.snapshot(cid).result(timeout=30)
-        assert len(b._segment_files) <= 10, cid  # at most the files since materializing
+        assert len(b._files.segment_files) <= 10, cid  # at most the files since materializing
     b.close()
 
 

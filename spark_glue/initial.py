@@ -1,0 +1,68 @@
+"""Initial state: a job that starts from another job's checkpoint or savepoint (Spark's
+``initialState``, Flink's State Processor API bootstrap; FLIP-158 "Recovery and rescaling"
+for how a subtask takes its key groups of it).
+
+The operator's ``initial_state`` names a ``read_state`` source. Whenever the job has no
+complete checkpoint of its own at a batch (its first batch, or a replay of it), each
+subtask restores its key groups from that checkpoint instead of starting empty, at any
+parallelism, and materializes its state into files of its own before the batch's snapshot
+(so no checkpoint of the job names the source's files). The source stays the other job's:
+this job's registry protects its files (restore mode NO_CLAIM), and nothing of it is ever
+written or deleted. Once the job has a checkpoint, ``initial_state`` is no longer read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dstl_ray.checkpoint.reader import operator_states, resolve_checkpoint
+from dstl_ray.checkpoint.recovery import load_checkpoint
+from dstl_ray.errors import ConfigError, StateError
+from dstl_ray.storage.base import join
+
+
+@dataclass(frozen=True)
+class InitialState:
+    """The checkpoint or savepoint a job starts from: its ``_metadata`` URL, id and the
+    files it names (protected in the job's registry)."""
+
+    metadata_url: str
+    checkpoint_id: int
+    files: tuple[str, ...]
+
+    @classmethod
+    def resolve(cls, source: Any, operator_id: str, max_parallelism: int,
+                namespace: str | None = None) -> InitialState:
+        """``source``: a URL or path of a job directory (its latest checkpoint), checkpoint,
+        savepoint or ``_metadata`` file; a job id on the tree of ``namespace``; or an
+        operator (its latest checkpoint). A source with another max parallelism, or without
+        a snapshot of ``operator_id``, is a :class:`ConfigError` naming what it holds."""
+        url = _metadata_url(source, namespace)
+        cc = load_checkpoint(url)
+        if cc.metadata.max_parallelism != max_parallelism:
+            raise ConfigError(
+                f"initial_state {url} has max_parallelism {cc.metadata.max_parallelism}, the "
+                f"operator {max_parallelism}: key groups must be the same to restore")
+        try:
+            operator_states(cc, operator_id)
+        except StateError as e:
+            raise ConfigError(f"initial_state {url}: {e}") from None
+        return cls(cc.metadata_url, cc.checkpoint_id, tuple(cc.files.values()))
+
+
+def _metadata_url(source: Any, namespace: str | None) -> str:
+    if hasattr(source, "coordinator") and hasattr(source, "base_path"):  # an operator
+        return resolve_checkpoint(join(source.base_path, source.job_id))
+    if not isinstance(source, str) or not source:
+        raise ConfigError(f"initial_state must be a checkpoint or savepoint (a URL or path), "
+                          f"a job id or an operator, got {source!r}")
+    if "://" in source or source.startswith("/"):
+        return resolve_checkpoint(source)
+    from dstl_ray.log.client import StateChangelogClient
+
+    client = StateChangelogClient(source, namespace=namespace)
+    try:
+        return resolve_checkpoint(join(client.transport.base_path, source))
+    finally:
+        client.close()
