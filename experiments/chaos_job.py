@@ -154,12 +154,19 @@ class Oracle:
         return self.after(rnd) - self.after(base) if base else self.after(rnd)
 
     def after(self, rnd: int) -> Counter:
-        if rnd not in self._after:
-            c = Counter(self.after(rnd - 1))
+        """(Built up round by round from the newest known: the other job of a full run's
+        episode checkpoints thousands of rounds, too deep for recursion.)"""
+        known = max(r for r in self._after if r <= rnd)
+        for r in range(known + 1, rnd + 1):
+            c = Counter(self._after[r - 1])
             for i in range(PAR):
-                c.update(round_keys(self.seed, i, rnd, self.keys[i]))
-            self._after[rnd] = c
-        return self._after[rnd]
+                c.update(round_keys(self.seed, i, r, self.keys[i]))
+            self._after[r] = c
+        got = self._after[rnd]
+        if len(self._after) > 512:  # keep the recent rounds (older ones are rebuilt if asked)
+            for r in [r for r in self._after if 0 < r < rnd - 256]:
+                del self._after[r]
+        return got
 
 
 @dataclass
