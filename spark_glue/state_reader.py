@@ -123,9 +123,9 @@ def read_change_feed(spark: Any, start: Any, end: Any, state: str, *,
                      schema: Any = None, namespace: str | None = None) -> Any:
     """A DataFrame of the changes of ``state`` after checkpoint ``start`` up to checkpoint
     ``end`` (each as :func:`checkpoint_url` takes; an operator means its latest), read from
-    the changelog by ``parallelism`` Spark tasks, one key-group range each. Fails
-    (:class:`~dstl_ray.errors.StateError`) if a materialization in between truncated the
-    changes away."""
+    the changelog by ``parallelism`` Spark tasks, one key-group range each; a window a
+    materialization truncated is read as a diff of the two states (each key's net change:
+    :mod:`dstl_ray.checkpoint.change_feed`)."""
     s_url, op_s = checkpoint_url(start, namespace)
     e_url, op_e = checkpoint_url(end, namespace)
     op = check_window(s_url, e_url, operator_id or op_e or op_s, state)  # on the driver

@@ -5,14 +5,16 @@ record): every change one state went through after checkpoint ``start`` up to ch
 
 For each log ``end`` names, the changes after ``start``'s position in that log are read from
 ``end``'s handle; a log that ``start`` does not name (begun by a restore after it, or empty at
-``start``: snapshots leave empty logs out) counts from its beginning, so it must never have
-been truncated. The feed exists only while ``end`` still holds those changes: once a
-materialization between the two checkpoints truncated a log past ``start``'s position (FLIP-158
-"Materializing state changes"), or a log of ``start`` was dropped, the changes in between may
-be gone and reading fails with a :class:`~dstl_ray.errors.StateError` that says so (also when
-in fact nothing changed in between: the checkpoints cannot tell). Keep materialization less
-frequent than the window you read, or read windows as they complete. Both checkpoints must be
-of one job (savepoints hold no changelog).
+``start``: snapshots leave empty logs out) counts from its beginning. That needs ``end`` to
+still hold those changes: a materialization between the two checkpoints may have truncated
+a log past ``start``'s position (FLIP-158 "Materializing state changes"), or a log of
+``start`` may be gone (restored away). Such a window is read as a **diff** of the two
+checkpoints' states instead: per key that differs, its net change (value_set or value_clear
+of the new value; list_set of the whole new list or list_clear; map_put and map_remove per
+user key that differs, map_clear for a map gone), with ``log`` empty and ``order`` and
+``sqn`` 0; intermediate values are not seen, and an entry a state TTL expired and a
+materialization purged reads as cleared. :func:`window_mode` says up front which a window
+gets. Both checkpoints must be of one job (savepoints hold no changelog).
 """
 
 from __future__ import annotations
@@ -26,10 +28,15 @@ from ..keygroups import KeyGroupRange, key_group_range_for_subtask
 from ..state.records import Op, StateKind, TaggedSerializer, decode_record, split_items
 from ..state.snapshot import ChangelogComponent
 from ..state.ttl import spec_ttl, unstamp
-from .reader import resolve_checkpoint, state_info, the_operator
+from .reader import read_range, resolve_checkpoint, state_info, the_operator
 from .recovery import CompletedCheckpoint, load_checkpoint
 
 _OP_NAMES = {op: op.name.lower() for op in Op}
+CHANGELOG, DIFF = "changelog", "diff"  # how a window is read (window_mode)
+
+
+class _Gone(StateError):
+    """The changelog no longer holds every change of the window (it is read as a diff)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,7 @@ def _window(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str
     before, after = _logs(start, op), _logs(end, op)
     missing = sorted(before.keys() - after.keys())
     if missing:
-        raise StateError(f"log {missing[0]} of checkpoint {start.checkpoint_id} is not named "
+        raise _Gone(f"log {missing[0]} of checkpoint {start.checkpoint_id} is not named "
                          f"by checkpoint {end.checkpoint_id} (materialized or restored away): "
                          f"the changes between them are gone")
     out = []
@@ -104,7 +111,7 @@ def _window(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str
             # (a snapshot leaves out an empty log: one truncated since is not known whole)
             since = before.get(log, 0)
             if since < c.handle.sqn_from:
-                raise StateError(
+                raise _Gone(
                     f"log {log} was truncated at sqn {c.handle.sqn_from} by a materialization, "
                     f"and checkpoint {start.checkpoint_id} names it only up to sqn {since}: "
                     f"the changes between checkpoints {start.checkpoint_id} and "
@@ -123,22 +130,39 @@ def _open(start: str, end: str, operator_id: str | None, state: str
 
 
 def check_window(start: str, end: str, operator_id: str | None, state: str) -> str:
-    """Fail as :func:`read_change_feed` would if ``state`` is unknown or the changes
-    between checkpoints ``start`` and ``end`` are not all held; returns the operator id."""
+    """Fail as :func:`read_change_feed` would if ``state`` is unknown or the two are not
+    checkpoints of one job, earlier to later; returns the operator id."""
     cs, ce, op = _open(start, end, operator_id, state)
-    _window(cs, ce, op)
+    _check_pair(cs, ce, op)
     return op
+
+
+def window_mode(start: str, end: str, state: str, operator_id: str | None = None) -> str:
+    """How :func:`read_change_feed` reads the window: :data:`CHANGELOG` (every change, in
+    order) while the changelog holds it, else :data:`DIFF` (each key's net change)."""
+    cs, ce, op = _open(start, end, operator_id, state)
+    try:
+        _window(cs, ce, op)
+    except _Gone:
+        return DIFF
+    return CHANGELOG
 
 
 def read_change_feed(start: str, end: str, state: str, operator_id: str | None = None,
                      parts: int = 1, index: int = 0) -> Iterator[Change]:
     """The changes of ``state`` after checkpoint ``start`` up to checkpoint ``end`` (see
     :func:`~dstl_ray.checkpoint.reader.resolve_checkpoint` for what names one), in key-group
-    range ``index`` of ``parts``."""
+    range ``index`` of ``parts``: from the changelog, or as a diff when a materialization
+    truncated it (the module docstring)."""
     cs, ce, op = _open(start, end, operator_id, state)
+    try:
+        window = _window(cs, ce, op)
+    except _Gone:
+        yield from _diff(cs, ce, op, state, parts, index)
+        return
     mine = key_group_range_for_subtask(ce.metadata.max_parallelism, parts, index)
     de = TaggedSerializer().deserialize
-    for comp, since, rank in _window(cs, ce, op):
+    for comp, since, rank in window:
         names = [spec[0] for spec in comp.states]
         if state not in names:
             continue
@@ -149,6 +173,36 @@ def read_change_feed(start: str, end: str, state: str, operator_id: str | None =
         if want is None:
             continue
         yield from _changes(comp, since, rank, want, sid, kinds, stamped, de)
+
+
+def _diff(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str, state: str,
+          parts: int, index: int) -> Iterator[Change]:
+    """Each key's net change of ``state`` from ``start`` to ``end`` (TTL stamps ignored:
+    read as stored)."""
+    kind = state_info(end, op, state).kind
+    try:
+        before = dict(read_range(start.metadata_url, op, state, parts, index, now_ms=0))
+    except StateError:  # no such state at start: every entry is new
+        before = {}
+    after = dict(read_range(end.metadata_url, op, state, parts, index, now_ms=0))
+
+    def change(key: Any, op_name: str, value: Any = None, user_key: Any = None) -> Change:
+        return Change(key, op_name, user_key, value, "", 0, 0)
+
+    for key, new in after.items():
+        old = before.get(key)
+        if kind is StateKind.MAP:
+            old = old or {}
+            for uk, v in new.items():
+                if uk not in old or old[uk] != v:
+                    yield change(key, "map_put", v, uk)
+            for uk in old.keys() - new.keys():
+                yield change(key, "map_remove", None, uk)
+        elif key not in before or old != new:
+            yield change(key, "list_set" if kind is StateKind.LIST else "value_set", new)
+    gone = {StateKind.MAP: "map_clear", StateKind.LIST: "list_clear"}.get(kind, "value_clear")
+    for key in before.keys() - after.keys():
+        yield change(key, gone)
 
 
 def _changes(comp: ChangelogComponent, since: int, rank: int, want: KeyGroupRange,

@@ -1,15 +1,16 @@
 """The change feed between two checkpoints (dstl_ray.checkpoint.change_feed; Spark's
 readChangeFeed): every change of a state after checkpoint A up to checkpoint B, per key in the
 order made, decoded (TTL stamps stripped); key-group ranges split it; a log started by a
-restore after A counts from its beginning; a materialization that truncated the log past A,
-and a reversed window, are errors that say why."""
+restore after A counts from its beginning; a window a materialization truncated is read as
+a diff of the two states (issue 30 item 7: any window of retained checkpoints); a reversed
+window, savepoints and other jobs are errors that say why."""
 
 from __future__ import annotations
 
 import pytest
 
 import dstl_ray as d
-from dstl_ray.checkpoint.change_feed import read_change_feed
+from dstl_ray.checkpoint.change_feed import CHANGELOG, DIFF, read_change_feed, window_mode
 from dstl_ray.errors import StateError
 
 from ..ckpt_util import MAXP, client, new_base
@@ -91,21 +92,51 @@ def test_list_and_ttl_changes_are_decoded(tmp_path):
     coord.shutdown()
 
 
-def test_a_materialization_past_a_makes_the_feed_unavailable(tmp_path):
+def test_a_window_a_materialization_truncated_is_read_as_a_diff(tmp_path):
+    """Regression (issue 30 item 7): a window with a materialization in it failed with
+    "log ... was truncated ... no longer held", whatever its length."""
     base = new_base(tmp_path)
     coord, (b,) = _job(base, parallelism=1)
-    v = b.value_state("v")
-    v.update("k", 1)
+    v, lst, m = b.value_state("v"), b.list_state("l"), b.map_state("m")
+    for k in ("k", "same", "gone"):
+        v.update(k, 1)
+    lst.update("k", [1])
+    lst.update("gone", [1])
+    m.put("k", "x", 1)
+    m.put("k", "drop", 1)
+    m.put("gone", "x", 1)
     a = coord.trigger_checkpoint().result()
     v.update("k", 2)
     b.materialize().result(timeout=60)  # truncates the log after A's position
     v.update("k", 3)
+    v.clear("gone")
+    v.update("new", 7)
+    lst.add("k", 2)
+    lst.clear("gone")
+    m.put("k", "x", 2)
+    m.remove("k", "drop")
+    m.put("k", "add", 3)
+    m.clear("gone")
     c = coord.trigger_checkpoint().result()
-    with pytest.raises(StateError, match="truncated at sqn .* no longer held"):
-        list(read_change_feed(a.metadata_url, c.metadata_url, "v"))
-    # from the materialization on, the feed is there again
+    assert window_mode(a.metadata_url, c.metadata_url, "v") == DIFF
+    got = list(read_change_feed(a.metadata_url, c.metadata_url, "v"))
+    assert _per_key(got) == {"k": [("value_set", None, 3)],  # net: 2 is not seen
+                             "new": [("value_set", None, 7)],
+                             "gone": [("value_clear", None, None)]}
+    assert all((x.log, x.order, x.sqn) == ("", 0, 0) for x in got)
+    assert _per_key(read_change_feed(a.metadata_url, c.metadata_url, "l")) == {
+        "k": [("list_set", None, [1, 2])], "gone": [("list_clear", None, None)]}
+    m_feed = _per_key(read_change_feed(a.metadata_url, c.metadata_url, "m"))
+    assert sorted(m_feed["k"], key=repr) == sorted(
+        [("map_put", "x", 2), ("map_put", "add", 3), ("map_remove", "drop", None)], key=repr)
+    assert m_feed["gone"] == [("map_clear", None, None)]
+    parts = [list(read_change_feed(a.metadata_url, c.metadata_url, "v", parts=3, index=i))
+             for i in range(3)]
+    assert sorted(map(repr, sum(parts, []))) == sorted(map(repr, got))
+    # from the materialization on, the changelog holds the window again
     v.update("k", 4)
     e = coord.trigger_checkpoint().result()
+    assert window_mode(c.metadata_url, e.metadata_url, "v") == CHANGELOG
     assert [x.value for x in read_change_feed(c.metadata_url, e.metadata_url, "v")] == [4]
     coord.shutdown()
 
@@ -127,7 +158,7 @@ def test_a_log_begun_by_a_restore_after_a_counts_from_its_beginning(tmp_path):
 def test_a_log_empty_at_a_and_truncated_since_is_not_read_from_its_truncation(tmp_path):
     """A snapshot leaves an empty log out: a subtask quiet at A, then changed and
     materialized before B, must not give a feed that starts at the materialization (the
-    changes before it are gone): an error says so."""
+    changes before it are gone): the window is read as a diff."""
     base = new_base(tmp_path)
     coord, (b,) = _job(base, parallelism=1)
     v = b.value_state("v")
@@ -138,8 +169,9 @@ def test_a_log_empty_at_a_and_truncated_since_is_not_read_from_its_truncation(tm
     b.materialize().result(timeout=60)
     v.update("k", 3)
     c = coord.trigger_checkpoint().result()
-    with pytest.raises(StateError, match="truncated at sqn"):
-        list(read_change_feed(a.metadata_url, c.metadata_url, "v"))
+    assert window_mode(a.metadata_url, c.metadata_url, "v") == DIFF
+    assert [(x.op, x.value) for x in read_change_feed(a.metadata_url, c.metadata_url, "v")] \
+        == [("value_set", 3)]
     coord.shutdown()
 
 
