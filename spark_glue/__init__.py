@@ -6,7 +6,9 @@ from .operator import BatchStats, KeyedStatefulOperator
 from .session import gcs_address, spark_session, start_spark, stop_spark
 from .sinks import FileSink
 from .state_reader import read_change_feed, read_state
+from .ticks import with_ticks
 from .views import KeyedState
 
 __all__ = ["BatchStats", "FileSink", "KeyedState", "KeyedStatefulOperator", "connect", "gcs_address",
-           "nearest_node_name", "read_change_feed", "read_state", "spark_session", "start_spark", "stop_spark"]
+           "nearest_node_name", "read_change_feed", "read_state", "spark_session", "start_spark", "stop_spark",
+           "with_ticks"]

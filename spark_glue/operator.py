@@ -45,6 +45,7 @@ from .initial import InitialState
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
 from .sinks import BatchOutputs, Sink
 from .stats import BatchHistory, BatchStats
+from .ticks import drop_ticks
 from .timers import TIMERS_STATE
 from .worker import TaskSpec, UpdateFn, run_partition
 
@@ -334,7 +335,7 @@ class KeyedStatefulOperator:
             return run_partition(spec, index, payloads)
 
         p = spec.parallelism
-        routed = route(df, self.key, spec.max_parallelism, p).rdd
+        routed = route(drop_ticks(df), self.key, spec.max_parallelism, p).rdd
         if routed.getNumPartitions() != p:
             # Spark's adaptive execution gives an empty shuffle no partitions: an empty
             # micro-batch still checkpoints every subtask

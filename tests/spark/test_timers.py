@@ -13,7 +13,7 @@ import time
 import pytest
 from pyspark import cloudpickle
 
-from spark_glue import KeyedStatefulOperator
+from spark_glue import KeyedStatefulOperator, with_ticks
 from spark_glue.pipeline import json_lines, write_event_file
 from spark_glue.session import kill_executor
 from spark_glue.sessions import SCHEMA, Sessions, check_sessions
@@ -109,3 +109,50 @@ def test_session_windows_survive_an_executor_kill_and_a_driver_restart(spark, tr
         for u, _t in f:
             batches_of.setdefault(u, set()).add(i)
     assert state["ticks"] == {u: len(b) for u, b in batches_of.items()}
+
+
+def remind_later(key, rows, state):
+    """A processing-time timer 2 s after the key's first row."""
+    if state.value("seen").get() is None:
+        state.value("seen").set(True)
+        state.timers.register_processing_time(state.timers.now + 2000)
+    return []
+
+
+def reminded(key, timer, state):
+    return [(key, timer.time_ms)]
+
+
+def test_a_processing_time_timer_fires_on_an_idle_stream(spark, tree_factory, namespace,
+                                                         tmp_path):
+    """Issue 30 item 4: with the ticks (spark_glue.with_ticks) every trigger runs a
+    micro-batch, so a timer fires within about a trigger interval of its time while no data
+    arrives; without them foreachBatch ran only when data came."""
+    tree_factory(persist_delay_s=0.02)
+    src = tmp_path / "in"
+    users = {u for u, _t in write(src, 0)}
+    fired: dict[str, tuple[int, float]] = {}
+
+    def sink(batch_id, out):
+        for key, due_ms in out:
+            fired.setdefault(key, (due_ms, time.time()))
+
+    op = KeyedStatefulOperator("idle", key="user", update=remind_later, on_timer=reminded,
+                               sink=sink, namespace=namespace, parallelism=2,
+                               max_parallelism=32, materialization_interval=None)
+    q = (with_ticks(spark.readStream.schema(SCHEMA).json(str(src)))
+         .writeStream.foreachBatch(op).trigger(processingTime="500 milliseconds")
+         .option("checkpointLocation", str(tmp_path / "chk")).start())
+    try:
+        deadline = time.time() + 60
+        while set(fired) != users and time.time() < deadline:
+            if q.exception() is not None:
+                raise q.exception()
+            time.sleep(0.2)
+    finally:
+        q.stop()
+    op.close()
+    assert set(fired) == users  # no data after the first file: the ticks ran the batches
+    late = [at - due / 1000 for due, at in fired.values()]
+    assert max(late) < 5.0, late  # a trigger interval and a batch, with room for a slow CI
+    assert op.history[0].rows == 120 and all(s.rows == 0 for s in op.history[1:])
