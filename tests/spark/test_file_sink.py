@@ -3,7 +3,9 @@ Spark's own file sink (``spark_glue.FileSink``: files, then the batch's ``_spark
 entry, before Spark's commit) read back with ``spark.read`` equal the offline outputs, every
 batch once, through a driver that dies after the sink wrote a batch, one that dies after the
 checkpoint but before the sink, and an executor killed mid-stream; with no sink code
-idempotent by batch id. Also ``op.transform`` for a foreachBatch of one's own."""
+idempotent by batch id. The driver restarts between checkpoint completion and Spark's
+commit also show the state exactly once: the replayed batch is recomputed from the
+checkpoint before it. Also ``op.transform`` for a foreachBatch of one's own."""
 
 from __future__ import annotations
 
@@ -17,7 +19,13 @@ from pyspark import cloudpickle
 from spark_glue import FileSink, KeyedStatefulOperator
 from spark_glue.session import kill_executor
 
-from .test_stateful_operator import SCHEMA, count_and_sum, run_stream, write_events
+from .test_stateful_operator import (
+    SCHEMA,
+    count_and_sum,
+    expected,
+    run_stream,
+    write_events,
+)
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -78,7 +86,9 @@ def test_file_sink_output_is_exactly_once_through_driver_restarts_and_an_executo
     assert kill_executor(), "no RayDP executor actor found"
     run_stream(spark, op, src, chk)
     assert op.history[0].batch_id == 3 and op.history[0].replayed
-    assert op.history[-1].batch_id == 5
+    assert op.history[0].restores == 3  # a new driver's epoch: every subtask restored
+    assert [s.batch_id for s in op.history] == [3, 4, 5]
+    assert op.state() == expected(spark, src)
     want = offline_outputs(spark, src)
     for fmt in ("parquet", "json"):
         got = Counter(tuple(r) for r in getattr(spark.read, fmt)(str(out / fmt))

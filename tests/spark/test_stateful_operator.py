@@ -1,6 +1,7 @@
 """The stateful foreachBatch operator on RayDP over several Ray nodes: its durable state equals
-a plain batch recomputation of all input under task retries, a driver restart in the window
-between checkpoint completion and Spark's commit, a node-actor kill and an executor kill; and
+a plain batch recomputation of all input under task retries, a node-actor kill and an
+executor kill (driver restarts between checkpoint completion and Spark's commit:
+tests/spark/test_file_sink.py); and
 every task's changes enter the tree at its own executor's node actor. A restart whose state is
 gone fails until told to start over."""
 
@@ -107,41 +108,6 @@ def test_exactly_once_under_task_retries(spark, tree_factory, namespace, tmp_pat
             assert by_pid[s.raylet_pids[i]] == node
     assert len({n for s in op.history for n in s.nodes.values()}) >= 2
     op.close()
-
-
-class _CrashAfterCheckpoint(Exception):
-    pass
-
-
-def test_driver_restart_between_checkpoint_and_spark_commit(spark, tree_factory, namespace,
-                                                            tmp_path):
-    tree_factory(persist_delay_s=0.02)
-    src, chk = tmp_path / "in", tmp_path / "chk"
-    write_events(src, 5, 150, seed=2)
-    committed: dict[int, list] = {}
-
-    def crashing_sink(batch_id, out):
-        if batch_id == 2:  # checkpoint 2 is complete; Spark's commit log will not have it
-            raise _CrashAfterCheckpoint("driver dies after the checkpoint")
-        committed[batch_id] = out
-
-    op1 = KeyedStatefulOperator("restart", key="user", update=count_and_sum,
-                                namespace=namespace, parallelism=3, max_parallelism=32,
-                                materialization_interval=0.0, sink=crashing_sink)
-    with pytest.raises(Exception, match="driver dies"):
-        run_stream(spark, op1, src, chk)
-    assert op1.coordinator.latest_checkpoint().checkpoint_id == 2
-    op1.coordinator.shutdown()  # the driver is gone: its coordinator's memory with it
-    op2 = KeyedStatefulOperator("restart", key="user", update=count_and_sum,
-                                namespace=namespace, parallelism=3, max_parallelism=32,
-                                materialization_interval=0.0,
-                                sink=lambda b, out: committed.__setitem__(b, out))
-    run_stream(spark, op2, src, chk)
-    assert [s.batch_id for s in op2.history] == [2, 3, 4]
-    assert op2.history[0].replayed and op2.history[0].restores == 3
-    assert op2.state() == expected(spark, src)
-    assert sorted(committed) == [0, 1, 2, 3, 4]
-    op2.close()
 
 
 def test_a_restart_whose_state_is_gone_fails_until_told_to_start_over(spark, tree_factory,
