@@ -4,6 +4,8 @@ their own jobs; not part of the runtime API (``dstl_ray.__all__``).
 - :mod:`~dstl_ray.testing.faults`: fault and latency injection into a storage (``FaultyStorage``,
   configured by the ``fault_spec`` option, so node actors inject the same faults).
 - :mod:`~dstl_ray.testing.s3server`: a real S3 server on loopback (moto), needs ``moto[server]``.
+- :mod:`~dstl_ray.testing.hosts`: several hosts on this machine (``HostCluster``: network
+  namespaces with their own IPs, ``ray start`` in each; needs root and ``ip``).
 - ``local_cluster``: several Ray nodes on this machine (:mod:`dstl_ray.local`, a runtime module
   since the demo uses it; re-exported here).
 - :mod:`~dstl_ray.testing.storage_suite`: the conformance suite every
@@ -25,6 +27,7 @@ from .faults import (
     InjectedFault,
     LatencyDistribution,
 )
+from .hosts import HostCluster
 from .s3server import LoopbackS3
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "KINDS",
     "FaultSpec",
     "FaultyStorage",
+    "HostCluster",
     "InjectedFault",
     "LatencyDistribution",
     "LoopbackS3",
