@@ -54,8 +54,14 @@ class FileSink:
         self._sink(outputs.sparkSession).addBatch(batch_id, outputs._jdf)
 
     def committed(self, spark: Any) -> int | None:
-        """The latest batch id in the ``_spark_metadata`` log (None: none yet)."""
-        latest = self._sink(spark).fileLog().getLatestBatchId()
+        """The latest batch id in the ``_spark_metadata`` log (None: none yet), read as
+        Spark's file source reads it."""
+        jvm = spark._jvm
+        streaming = jvm.org.apache.spark.sql.execution.streaming
+        log = streaming.FileStreamSinkLog(
+            streaming.FileStreamSinkLog.VERSION(), spark._jsparkSession,
+            self.path.rstrip("/") + "/_spark_metadata", jvm.scala.Option.empty())
+        latest = log.getLatestBatchId()
         return int(latest.get()) if latest.isDefined() else None
 
     def _sink(self, spark: Any) -> Any:
