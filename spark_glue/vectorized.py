@@ -32,7 +32,7 @@ from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .routing import Groups
-from .timers import TimerContext
+from .timers import EVENT, PROCESSING, TimerContext
 from .views import KeyedState, check_state_name
 
 
@@ -55,27 +55,80 @@ class ColumnValue:
         ``keys`` order, and a Series on another index is refused. None, pandas' NA and NaT
         clear a key's value; NaN is a float."""
         import numpy as np
-        import pandas as pd
 
         if np.isscalar(values) or values is None:
             raise StateError("set() takes one value per key (a Series, array or list); use "
                              "[v] * len(keys) for the same value everywhere")
-        if len(values) != len(self._refs):
-            raise StateError(f"set() got {len(values)} values for {len(self._refs)} keys")
-        if isinstance(values, pd.Series) and isinstance(values.index, pd.RangeIndex):
-            values = values.to_numpy(dtype=object)  # a default index: in keys order
-        if isinstance(values, pd.Series):
-            if not values.index.equals(self._keys):
-                if not (values.index.is_unique and set(values.index) == set(self._keys)):
-                    raise StateError("set() got a Series whose index is not the keys; pass "
-                                     "its .to_numpy() for values in keys order")
-                values = values.reindex(self._keys)
-            values = values.to_numpy(dtype=object)
-        py = values.tolist() if hasattr(values, "tolist") else list(values)
-        self._s.update_at(self._refs, [plain(v) for v in py])
+        self._s.update_at(self._refs, per_key(values, self._keys, "set()"))
 
     def clear(self) -> None:
         self._s.update_at(self._refs, [None] * len(self._refs))
+
+
+def per_key(values: Any, keys: Any, what: str) -> list[Any]:
+    """``values`` as one plain value per key, in ``keys`` order: a Series indexed by exactly
+    the keys (any order) is aligned on its index; an array, a list or a Series on a default
+    RangeIndex is taken in ``keys`` order; a Series on another index is refused."""
+    import pandas as pd
+
+    if len(values) != len(keys):
+        raise StateError(f"{what} got {len(values)} values for {len(keys)} keys")
+    if isinstance(values, pd.Series) and isinstance(values.index, pd.RangeIndex):
+        values = values.to_numpy(dtype=object)  # a default index: in keys order
+    if isinstance(values, pd.Series):
+        if not values.index.equals(keys):
+            if not (values.index.is_unique and set(values.index) == set(keys)):
+                raise StateError(f"{what} got a Series whose index is not the keys; pass "
+                                 f"its .to_numpy() for values in keys order")
+            values = values.reindex(keys)
+        values = values.to_numpy(dtype=object)
+    py = values.tolist() if hasattr(values, "tolist") else list(values)
+    return [plain(v) for v in py]
+
+
+class ColumnTimers:
+    """Every key's timers in one vectorized call (``state.timers``): ``register_*(times)``
+    and ``delete_*(times)`` take one time per key (as :meth:`ColumnValue.set` takes values;
+    None or NaT skips a key) or one time for every key; times in ms since the epoch or
+    datetimes. ``watermark`` and ``now`` are the batch's, as in the per-key API."""
+
+    def __init__(self, ctx: TimerContext, keys: Any, raw_keys: list[Any]) -> None:
+        self._ctx, self._keys, self._raw = ctx, keys, raw_keys
+
+    @property
+    def watermark(self) -> int | None:
+        return self._ctx.watermark_ms
+
+    @property
+    def now(self) -> int:
+        return self._ctx.now_ms
+
+    def register_event_time(self, times: Any) -> None:
+        self._each(times, "register_event_time", lambda k, t: self._ctx.service.register(
+            k, EVENT, t))
+
+    def register_processing_time(self, times: Any) -> None:
+        self._each(times, "register_processing_time", lambda k, t: self._ctx.service.register(
+            k, PROCESSING, t))
+
+    def delete_event_time(self, times: Any) -> None:
+        self._each(times, "delete_event_time", lambda k, t: self._ctx.service.delete(
+            k, EVENT, t))
+
+    def delete_processing_time(self, times: Any) -> None:
+        self._each(times, "delete_processing_time", lambda k, t: self._ctx.service.delete(
+            k, PROCESSING, t))
+
+    def _each(self, times: Any, what: str, call: Any) -> None:
+        import numpy as np
+
+        if np.isscalar(times) or not hasattr(times, "__len__"):  # one time for every key
+            each = [plain(times)] * len(self._raw)
+        else:
+            each = per_key(times, self._keys, f"timers.{what}()")
+        for key, t in zip(self._raw, each, strict=True):
+            if t is not None:
+                call(key, t)
 
 
 def plain(v: Any) -> Any:
@@ -123,6 +176,13 @@ class KeyedStates:
     def key(self, key: Any) -> KeyedState:
         """The per-key API's view of one key's states (lists, maps, timers)."""
         return KeyedState(self._b, plain(key), self._ttl, self._timers)
+
+    @property
+    def timers(self) -> ColumnTimers:
+        """Every key's timers (the operator needs ``on_timer``)."""
+        if self._timers is None:
+            raise StateError("timers need the operator's on_timer (none was given)")
+        return ColumnTimers(self._timers, self.keys, self._raw)
 
 
 def apply_pandas(update: Any, groups: Groups, backend: Any,

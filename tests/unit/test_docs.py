@@ -32,6 +32,7 @@ FOREIGN = {
     "RecoverableWriter": "Flink",
     "StateChangeFsUploader": "Flink",
     "NodeAffinitySchedulingStrategy": "Ray",
+    "InvalidAuthToken": "Ray (its error for a node without the token)",
     "Row": "pyspark.sql",
     "StructType": "pyspark.sql.types",
     "FileStreamSink": "Spark (Structured Streaming's file sink)",

@@ -21,9 +21,11 @@ from dstl_ray import (
     KeyGroupRange,
     StateChangelogClient,
 )
+from dstl_ray.errors import StateError
 from dstl_ray.state.snapshot import KeyedStateSnapshot
 from spark_glue import worker
 from spark_glue.routing import splitter
+from spark_glue.vectorized import outputs_table
 from spark_glue.worker import TaskSpec, run_partition
 
 JOB, MAXP = "run-partition", 8
@@ -121,3 +123,30 @@ def test_a_first_batch_from_another_jobs_checkpoint_names_none_of_its_files():
     assert named and not any("/other/" in u for u in named), named
     coord.shutdown()
     other.close()
+
+
+def remind(keys, rows, state):
+    """Timers of every key in one call: a processing-time one for all (due at once), and
+    event-time ones per key, aligned on the Series' index."""
+    state.timers.register_processing_time(state.timers.now)
+    state.timers.register_event_time(pd.Series([101, 150], index=["b", "a"]))
+    with pytest.raises(StateError, match="got 1 values for 2 keys"):
+        state.timers.register_event_time([5])
+
+
+def fired(key, timer, state):
+    """The pandas API's on_timer: one key's view; returns a DataFrame (or None)."""
+    return pd.DataFrame({"user": [key], "domain": [timer.domain], "t": [timer.time_ms]})
+
+
+def test_the_pandas_api_registers_every_keys_timers_in_one_call():
+    first = dataclasses.replace(spec(0, -1, api="pandas", update=remind), on_timer=fired)
+    (r0,) = run_partition(first, 0, iter(payloads([("a", 100), ("b", 100)])))
+    got = outputs_table(r0["output_ipc"]).to_pylist()
+    assert sorted((o["user"], o["domain"], o["t"]) for o in got) == [
+        ("a", "processing", 1234), ("b", "processing", 1234)]  # the watermark is 95
+    second = dataclasses.replace(spec(1, 0, (r0["attempt_id"],), api="pandas",
+                                      update=lambda keys, rows, state: None), on_timer=fired)
+    (r1,) = run_partition(second, 0, iter(payloads([("c", 200)])))  # watermark 195
+    assert [(o["user"], o["t"]) for o in outputs_table(r1["output_ipc"]).to_pylist()] == [
+        ("b", 101), ("a", 150)]
