@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from dstl_ray.checkpoint.recovery import SAVEPOINT_MARKER as MARKER
+
 from .chaos_episode import Episode
 from .chaos_job import BIG_REQUEST, FAILOVER, OP, Savepoint, differences, dump_local
 from .chaos_skew import clock_skew
@@ -201,7 +203,9 @@ def savepoint_cycle(h: Any, ep: Episode) -> None:
         ep.coord = driver
         ep.failover(new_coordinator=True)
         return
-    files = frozenset(sp.files.values()) | {sp.metadata_url}
+    # the savepoint's directory is the user's whole: its marker too (it was counted leaked)
+    files = frozenset(sp.files.values()) | {sp.metadata_url,
+                                            sp.metadata_url.rsplit("/", 1)[0] + "/" + MARKER}
     h.savepoints.append(Savepoint(ep.job, sp.metadata_url, dict(want), files))
     ep.count("savepoints_taken")
     retained = [c.metadata_url for c in driver.completed_checkpoints()]
