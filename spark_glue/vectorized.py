@@ -251,8 +251,10 @@ def outputs_frame(table: Any, schema: Any = None) -> Any:
 
     for field in schema or ():
         i = table.schema.get_field_index(field.name)
-        if i < 0 or table.schema.field(i).type == field.type:
-            continue
+        if i < 0 or table.schema.field(i).type == field.type or (
+                pa.types.is_timestamp(field.type)
+                and pa.types.is_timestamp(table.schema.field(i).type)):
+            continue  # (a naive timestamp is in the session's time zone: Spark converts it)
         try:
             column = pc.cast(table.column(i), field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
