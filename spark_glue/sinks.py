@@ -71,18 +71,31 @@ class FileSink:
         sink = self._sinks.get(key)
         if sink is None:
             jvm = spark._jvm
-            conf = jsession.sessionState().conf()
-            cls = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
-                self.format, conf)
-            file_format = cls.getDeclaredConstructor(
-                spark.sparkContext._gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
-                spark.sparkContext._gateway.new_array(jvm.java.lang.Object, 0))
+            file_format = self._file_format(spark, jsession.sessionState().conf())
             utils = jvm.org.apache.spark.api.python.PythonUtils
             sink = jvm.org.apache.spark.sql.execution.streaming.FileStreamSink(
                 jsession, self.path, file_format, utils.toSeq(list(self.partition_by)),
                 utils.toScalaMap(self.options))
             self._sinks[key] = sink
         return sink
+
+    def _file_format(self, spark: Any, conf: Any) -> Any:
+        """The format's ``FileFormat``, as ``writeStream.format(...)`` finds it: the class
+        registered for the name, or, for a file source of Spark's V2 API (parquet, json,
+        csv), its fallback ``FileFormat`` (Spark's ``DataSource.providingClass``)."""
+        from py4j.protocol import Py4JError
+
+        jvm, gateway = spark._jvm, spark.sparkContext._gateway
+        no_types = gateway.new_array(jvm.java.lang.Class, 0)
+        no_args = gateway.new_array(jvm.java.lang.Object, 0)
+        cls = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            self.format, conf)
+        instance = cls.getDeclaredConstructor(no_types).newInstance(no_args)
+        try:
+            fallback = instance.fallbackFileFormat()  # a FileDataSourceV2
+        except Py4JError:
+            return instance
+        return fallback.getDeclaredConstructor(no_types).newInstance(no_args)
 
     def __repr__(self) -> str:
         return f"FileSink({self.path!r}, {self.format!r})"
