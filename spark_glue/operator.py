@@ -113,8 +113,8 @@ class KeyedStatefulOperator:
 
     ``initial_state`` starts the job from another job's checkpoint or savepoint (a URL or
     path, a job id on the tree, or an operator: :mod:`spark_glue.initial`) at any
-    parallelism, whenever the job has no complete checkpoint of its own; the source's files
-    are never written or deleted.
+    parallelism, whenever the job has no complete checkpoint of its own; resolved once and
+    pinned, its files never written or deleted.
 
     ``on_missing_state`` says what a batch ``n > 0`` does when the job has no complete
     checkpoint ``n - 1`` (or ``n``, a replay): ``"fail"`` (the default) raises
@@ -199,11 +199,10 @@ class KeyedStatefulOperator:
                                                  retained=retained)
         # FLIP-158 "Cleanup after recovery": load retained checkpoints, delete orphans,
         # before any checkpoint of this incarnation starts
-        self.coordinator.restore(None, operator_id, 0)
-        self.initial_state = None if initial_state is None else InitialState.resolve(
-            initial_state, operator_id, max_parallelism, self.namespace)
-        if self.initial_state is not None:  # the other job's files: never ours to delete
-            self.coordinator.registry.protect(self.initial_state.files)
+        # before any checkpoint of this incarnation starts; a job with no state yet starts
+        # from initial_state, pinned as its restore point (spark_glue.initial)
+        self.coordinator.restore(None, operator_id, 0, **InitialState.start(
+            initial_state, self.coordinator, operator_id, self.namespace))
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
         self.last_outputs: Any = None  # the last batch's, as the sink got them
@@ -279,6 +278,9 @@ class KeyedStatefulOperator:
         now_ms = (snapshot_time(latest, "processing_time_ms") if replayed else None) \
             or self._replay_time.get(batch_id) or int(time.time() * 1000)
         self._replay_time = {batch_id: now_ms}
+        if replayed and self.outputs.delivered(spark, batch_id):  # state and output done
+            self.history.append(BatchStats.done(batch_id))
+            return self.history[-1]
         if replayed:
             log.warning("batch %d is replayed (checkpoint %d complete): recomputing it from "
                         "the previous checkpoint", batch_id, latest.checkpoint_id)
@@ -286,11 +288,11 @@ class KeyedStatefulOperator:
             self.epoch = uuid.uuid4().hex
             self._attempts = ()
             latest = cc.latest_checkpoint()
-        initial = self.initial_state.metadata_url if self.initial_state else None
+        point = cc.restore_point.current() if latest is None else None  # initial_state
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
-                        latest.metadata_url if latest else initial,
+                        latest.metadata_url if latest else point and point.metadata_url,
                         subsumed_watermark=cc.subsumed_watermark(),
                         caller_namespace=self.caller_namespace,
                         incarnation=str(cc.incarnation),
@@ -300,11 +302,12 @@ class KeyedStatefulOperator:
                         allowed_delay_ms=self.allowed_delay_ms,
                         event_time_ms=snapshot_time(latest, "event_time_ms", max),
                         now_ms=now_ms, attempts=self._attempts,
-                        initial=latest is None and initial is not None)
+                        initial=point is not None)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)
                      for r in results]
+            outputs = self.outputs.shape(results, spark)  # (a bad one fails before completing)
             t1 = time.perf_counter()
             cc.complete_checkpoint(batch_id, snaps)
             t2 = time.perf_counter()
@@ -313,7 +316,7 @@ class KeyedStatefulOperator:
             raise
         self._attempts = tuple(r["attempt_id"] for r in results)
         self._check_ttl_names(snaps)
-        self.last_outputs = self.outputs.deliver(batch_id, results, spark)
+        self.last_outputs = self.outputs.deliver(batch_id, outputs)
         t3 = time.perf_counter()
         stats = BatchStats(
             batch_id, sum(r["rows"] for r in results), sum(r["keys"] for r in results),

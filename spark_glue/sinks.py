@@ -44,7 +44,7 @@ class FileSink:
         self.path, self.format = path, format
         self.options = {str(k): str(v) for k, v in (options or {}).items()}
         self.partition_by = tuple(partition_by)
-        self._sinks: dict[int, Any] = {}  # per JVM session: its FileStreamSink
+        self._sinks: dict[int, Any] = {}  # per JVM session (its identity): FileStreamSink
 
     def __call__(self, batch_id: int, outputs: Any) -> None:
         """Write batch ``batch_id``'s outputs (a Spark DataFrame), unless the log has it."""
@@ -66,21 +66,36 @@ class FileSink:
 
     def _sink(self, spark: Any) -> Any:
         jsession = spark._jsparkSession
-        sink = self._sinks.get(id(jsession))
+        # one per JVM session (foreachBatch hands every batch a new Python wrapper of it)
+        key = spark._jvm.java.lang.System.identityHashCode(jsession)
+        sink = self._sinks.get(key)
         if sink is None:
             jvm = spark._jvm
-            conf = jsession.sessionState().conf()
-            cls = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
-                self.format, conf)
-            file_format = cls.getDeclaredConstructor(
-                spark.sparkContext._gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
-                spark.sparkContext._gateway.new_array(jvm.java.lang.Object, 0))
+            file_format = self._file_format(spark, jsession.sessionState().conf())
             utils = jvm.org.apache.spark.api.python.PythonUtils
             sink = jvm.org.apache.spark.sql.execution.streaming.FileStreamSink(
                 jsession, self.path, file_format, utils.toSeq(list(self.partition_by)),
                 utils.toScalaMap(self.options))
-            self._sinks[id(jsession)] = sink
+            self._sinks[key] = sink
         return sink
+
+    def _file_format(self, spark: Any, conf: Any) -> Any:
+        """The format's ``FileFormat``, as ``writeStream.format(...)`` finds it: the class
+        registered for the name, or, for a file source of Spark's V2 API (parquet, json,
+        csv), its fallback ``FileFormat`` (Spark's ``DataSource.providingClass``)."""
+        from py4j.protocol import Py4JError
+
+        jvm, gateway = spark._jvm, spark.sparkContext._gateway
+        no_types = gateway.new_array(jvm.java.lang.Class, 0)
+        no_args = gateway.new_array(jvm.java.lang.Object, 0)
+        cls = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
+            self.format, conf)
+        instance = cls.getDeclaredConstructor(no_types).newInstance(no_args)
+        try:
+            fallback = instance.fallbackFileFormat()  # a FileDataSourceV2
+        except Py4JError:
+            return instance
+        return fallback.getDeclaredConstructor(no_types).newInstance(no_args)
 
     def __repr__(self) -> str:
         return f"FileSink({self.path!r}, {self.format!r})"
@@ -100,12 +115,22 @@ class BatchOutputs:
                               f"a StructType)")
         self.api, self.schema, self.sink = api, output_schema, sink
 
-    def deliver(self, batch_id: int, results: list[dict[str, Any]], spark: Any) -> Any:
-        """The batch's outputs, after the sink (if any) took them."""
-        outputs = self.shape(results, spark)
+    def deliver(self, batch_id: int, outputs: Any) -> Any:
+        """Hand the batch's (shaped) outputs to the sink, if any; returns them."""
         if self.sink is not None:
             self.sink(batch_id, outputs)
         return outputs
+
+    def delivered(self, spark: Any, batch_id: int) -> bool:
+        """Whether the sink already holds batch ``batch_id`` for good (a :class:`FileSink`
+        whose log has it): a replay of it need not be recomputed, and must not be (its
+        recomputation could differ from the outputs on file: state TTL runs on the wall
+        clock)."""
+        committed = getattr(self.sink, "committed", None)
+        if committed is None:
+            return False
+        done = committed(spark)
+        return done is not None and done >= batch_id
 
     def shape(self, results: list[dict[str, Any]], spark: Any) -> Any:
         """The per-key API's outputs as one list, the vectorized API's as one pandas

@@ -31,6 +31,11 @@ class BatchStats:
     apply_s: float = 0.0  # slowest subtask's update function time
     finished_at: float = field(default_factory=time.time)
 
+    @classmethod
+    def done(cls, batch_id: int) -> BatchStats:
+        """A replayed batch whose checkpoint and outputs were both complete: nothing ran."""
+        return cls(batch_id, 0, 0, 0.0, 0.0, 0.0, 0, 0, True)
+
 
 class BatchHistory(deque[BatchStats]):
     """The :class:`BatchStats` of the last ``maxlen`` micro-batches, oldest first (``None``:

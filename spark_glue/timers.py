@@ -171,11 +171,11 @@ class TimerContext:
     now_ms: int
 
 
-class KeyTimers:
-    """The timers of the current key (``state.timers`` in an update or on_timer function)."""
+class BatchTimes:
+    """This batch's times, as a timer view shows them."""
 
-    def __init__(self, ctx: TimerContext, key: Any) -> None:
-        self._ctx, self._key = ctx, key
+    def __init__(self, ctx: TimerContext) -> None:
+        self._ctx = ctx
 
     @property
     def watermark(self) -> int | None:
@@ -186,6 +186,14 @@ class KeyTimers:
     def now(self) -> int:
         """The processing time of this batch, in ms since the epoch."""
         return self._ctx.now_ms
+
+
+class KeyTimers(BatchTimes):
+    """The timers of the current key (``state.timers`` in an update or on_timer function)."""
+
+    def __init__(self, ctx: TimerContext, key: Any) -> None:
+        super().__init__(ctx)
+        self._key = key
 
     def register_event_time(self, time: Any) -> None:
         self._ctx.service.register(self._key, EVENT, time)

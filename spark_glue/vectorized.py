@@ -32,7 +32,7 @@ from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .routing import Groups
-from .timers import EVENT, PROCESSING, TimerContext
+from .timers import EVENT, PROCESSING, BatchTimes, TimerContext
 from .views import KeyedState, check_state_name
 
 
@@ -86,40 +86,29 @@ def per_key(values: Any, keys: Any, what: str) -> list[Any]:
     return [plain(v) for v in py]
 
 
-class ColumnTimers:
+class ColumnTimers(BatchTimes):
     """Every key's timers in one vectorized call (``state.timers``): ``register_*(times)``
     and ``delete_*(times)`` take one time per key (as :meth:`ColumnValue.set` takes values;
     None or NaT skips a key) or one time for every key; times in ms since the epoch or
     datetimes. ``watermark`` and ``now`` are the batch's, as in the per-key API."""
 
     def __init__(self, ctx: TimerContext, keys: Any, raw_keys: list[Any]) -> None:
-        self._ctx, self._keys, self._raw = ctx, keys, raw_keys
-
-    @property
-    def watermark(self) -> int | None:
-        return self._ctx.watermark_ms
-
-    @property
-    def now(self) -> int:
-        return self._ctx.now_ms
+        super().__init__(ctx)
+        self._keys, self._raw = keys, raw_keys
 
     def register_event_time(self, times: Any) -> None:
-        self._each(times, "register_event_time", lambda k, t: self._ctx.service.register(
-            k, EVENT, t))
+        self._each(times, "register_event_time", EVENT, self._ctx.service.register)
 
     def register_processing_time(self, times: Any) -> None:
-        self._each(times, "register_processing_time", lambda k, t: self._ctx.service.register(
-            k, PROCESSING, t))
+        self._each(times, "register_processing_time", PROCESSING, self._ctx.service.register)
 
     def delete_event_time(self, times: Any) -> None:
-        self._each(times, "delete_event_time", lambda k, t: self._ctx.service.delete(
-            k, EVENT, t))
+        self._each(times, "delete_event_time", EVENT, self._ctx.service.delete)
 
     def delete_processing_time(self, times: Any) -> None:
-        self._each(times, "delete_processing_time", lambda k, t: self._ctx.service.delete(
-            k, PROCESSING, t))
+        self._each(times, "delete_processing_time", PROCESSING, self._ctx.service.delete)
 
-    def _each(self, times: Any, what: str, call: Any) -> None:
+    def _each(self, times: Any, what: str, domain: str, change: Any) -> None:
         import numpy as np
 
         if np.isscalar(times) or not hasattr(times, "__len__"):  # one time for every key
@@ -128,7 +117,7 @@ class ColumnTimers:
             each = per_key(times, self._keys, f"timers.{what}()")
         for key, t in zip(self._raw, each, strict=True):
             if t is not None:
-                call(key, t)
+                change(key, domain, t)
 
 
 def plain(v: Any) -> Any:
@@ -251,8 +240,10 @@ def outputs_frame(table: Any, schema: Any = None) -> Any:
 
     for field in schema or ():
         i = table.schema.get_field_index(field.name)
-        if i < 0 or table.schema.field(i).type == field.type:
-            continue
+        if i < 0 or table.schema.field(i).type == field.type or (
+                pa.types.is_timestamp(field.type)
+                and pa.types.is_timestamp(table.schema.field(i).type)):
+            continue  # (a naive timestamp is in the session's time zone: Spark converts it)
         try:
             column = pc.cast(table.column(i), field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:

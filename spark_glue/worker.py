@@ -159,7 +159,11 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
                                          state_backend=spec.state_backend,
                                          local_dir=spec.local_dir)
     if spec.initial:  # no snapshot of this job may name the other job's files
-        backend.materialize_now()
+        try:
+            backend.materialize_now()
+        except BaseException:
+            backend.close()  # (its writer would stay a source its node waits for)
+            raise
     return backend
 
 

@@ -28,7 +28,13 @@ from ..keygroups import KeyGroupRange, key_group_range_for_subtask
 from ..state.records import Op, StateKind, TaggedSerializer, decode_record, split_items
 from ..state.snapshot import ChangelogComponent
 from ..state.ttl import spec_ttl, unstamp
-from .reader import read_range, resolve_checkpoint, state_info, the_operator
+from .reader import (
+    operator_states,
+    read_range,
+    resolve_checkpoint,
+    state_info,
+    the_operator,
+)
 from .recovery import CompletedCheckpoint, load_checkpoint
 
 _OP_NAMES = {op: op.name.lower() for op in Op}
@@ -180,10 +186,8 @@ def _diff(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str, state: 
     """Each key's net change of ``state`` from ``start`` to ``end`` (TTL stamps ignored:
     read as stored)."""
     kind = state_info(end, op, state).kind
-    try:
-        before = dict(read_range(start.metadata_url, op, state, parts, index, now_ms=0))
-    except StateError:  # no such state at start: every entry is new
-        before = {}
+    before = (dict(read_range(start.metadata_url, op, state, parts, index, now_ms=0))
+              if state in operator_states(start, op) else {})  # a new state: all entries new
     after = dict(read_range(end.metadata_url, op, state, parts, index, now_ms=0))
 
     def change(key: Any, op_name: str, value: Any = None, user_key: Any = None) -> Change:

@@ -58,6 +58,7 @@ from .restore import (
     register_kept,
     settle_files,
 )
+from .restore_point import RestorePointFile
 from .savepoint import start_savepoint
 
 __all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
@@ -115,6 +116,7 @@ class CheckpointCoordinator:
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
                               epochs_url=join(self.base_path, EPOCHS_DIR, job_id))
         self.declined = 0
+        self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
 
     # ------------------------------------------------------------------ incarnation
 
@@ -368,6 +370,7 @@ class CheckpointCoordinator:
         # materializes each new subtask's own copy at once), and those files are live
         before = self.storage.list_files(self.job_path) if cleanup else None
         retained, broken = load_retained(self.job_path, self.storage)
+        checkpoint, mode = self.restore_point.pick(checkpoint, mode, retained)
         with self._lock:
             self._next_id = max([self._next_id, *[c.checkpoint_id + 1 for c in retained]])
         backend_options.setdefault("incarnation", str(self.incarnation))
@@ -385,6 +388,7 @@ class CheckpointCoordinator:
                 self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
             self._retained = sorted(plan.keep, key=lambda c: c.checkpoint_id)
         settle_files(plan, self.registry, self.lease, self.job_path, self.storage, before)
+        self.restore_point.restored(checkpoint, mode, plan)
         if chosen is not None:
             claim_checkpoint_dirs(self.registry, self.job_path, chosen.metadata.snapshots)
         for b in plan.backends:
@@ -414,6 +418,7 @@ class CheckpointCoordinator:
                 gone, self._retained = self._retained, []
             for cc in gone:
                 self._discard(cc)
+            self.restore_point.remove()
         self.registry.flush(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)

@@ -78,6 +78,8 @@ class Retention:
             node = self._find(segment.flushed_by)
         except ValueError:
             return  # no actor of that name: the node is gone, it forgot its files
+        except Exception as e:  # noqa: BLE001 - GCS unreachable: it may hold the file
+            raise NodeUnavailableError(f"cannot tell {what}: {e}") from e
         try:
             self._get(node.retain.remote(self.job_id, segment.path, segment.offset, log_id,
                                          self._caller, incarnation), 30.0)

@@ -33,7 +33,8 @@ def test_a_job_starts_from_another_jobs_checkpoint(spark, tree_factory, namespac
     op = KeyedStatefulOperator("bootstrap-to", key="user", update=count_and_sum,
                                namespace=namespace, parallelism=2, max_parallelism=32,
                                materialization_interval=0.0, initial_state="bootstrap-from")
-    assert op.initial_state.metadata_url.endswith("/bootstrap-from/chk-1/_metadata")
+    pinned = op.coordinator.restore_point.current().metadata_url
+    assert pinned.endswith("/bootstrap-from/chk-1/_metadata"), pinned
     run_stream(spark, op, more, tmp_path / "chk2")
     want = expected(spark, src)
     add = expected(spark, more)

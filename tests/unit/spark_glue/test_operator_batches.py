@@ -101,10 +101,9 @@ class Driver:
         op.on_missing_state = "fail"
         op.coordinator = d.CheckpointCoordinator(job, self.base, max_parallelism=MAXP,
                                                  retained=3)
-        op.initial_state = None if initial_state is None else InitialState.resolve(
-            initial_state, "op", MAXP)
-        if op.initial_state is not None:  # as the operator does
-            op.coordinator.registry.protect(op.initial_state.files)
+        # as the operator does (the restore of a driver: no backends here)
+        op.coordinator.restore(None, "op", 0, **InitialState.start(
+            initial_state, op.coordinator, "op"))
         op.epoch = uuid.uuid4().hex
         op.history = BatchHistory(maxlen=history_limit)
         op._run = self.run
@@ -242,7 +241,7 @@ def test_a_job_starts_from_another_jobs_checkpoint_and_never_touches_its_files(t
     other.close()
     before = other.files()
     drv = Driver(tmp_path, initial_state=f"{other.base}/other")  # the job directory
-    assert drv.op.initial_state.metadata_url == source.metadata_url
+    assert drv.op.coordinator.restore_point.current().metadata_url == source.metadata_url
     drv.op.process_batch(None, 0)
     assert drv.specs[0].initial and drv.specs[0].restore_url == source.metadata_url
     assert drv.op.state() == {"v": {"a": 2, "k": 0}}  # the other job's state, then batch 0
@@ -260,6 +259,74 @@ def test_a_job_starts_from_another_jobs_checkpoint_and_never_touches_its_files(t
     replay.op.process_batch(None, 0)  # a replay of the first batch: from the source again
     assert replay.specs[-1].initial and replay.op.state() == {"v": {"a": 2, "k": 0}}
     replay.close()
+
+
+def test_the_initial_state_is_pinned_at_the_first_start_and_never_resolved_again(tmp_path):
+    """Review of issue 30 item 2: every driver start resolved initial_state again: a job
+    directory then meant the other job's newest checkpoint, so a replay of the first batch
+    after a restart restored other state than the batch's first run (while a file sink kept
+    the first run's outputs), and once the other job's checkpoint was gone the job could
+    not start at all, though it no longer needed it."""
+    other = Driver(tmp_path, job="other", key="a")
+    other.op.process_batch(None, 0)
+    first = other.op.coordinator.latest_checkpoint().metadata_url
+    drv = Driver(tmp_path / "b", initial_state=f"{other.base}/other")
+    drv.op.process_batch(None, 0)  # restored from the other job's checkpoint 0
+    drv.op.coordinator.abandon()  # the driver dies before Spark's commit of batch 0
+    drv.backend.close()
+    for b in (1, 2):  # the other job goes on (its checkpoint 0 still retained)
+        other.op.process_batch(None, b)
+    again = Driver(tmp_path / "b", initial_state=f"{other.base}/other")  # no resolve: pinned
+    again.op.process_batch(None, 0)  # Spark replays batch 0: from the pinned checkpoint
+    assert again.specs[-1].initial and again.specs[-1].restore_url == first
+    assert again.op.state() == {"v": {"a": 0, "k": 0}}  # not the other job's newest (a: 2)
+    again.op.process_batch(None, 1)
+    again.op.coordinator.abandon()
+    again.backend.close()
+    for b in (3, 4):  # now the other job's checkpoint 0 is gone
+        other.op.process_batch(None, b)
+    assert not get_storage(first).exists(first)
+    late = Driver(tmp_path / "b", initial_state=f"{other.base}/other")  # starts: needs none
+    late.op.process_batch(None, 2)
+    assert not late.specs[-1].initial and late.op.state() == {"v": {"a": 0, "k": 2}}
+    late.close()
+    other.close()
+
+
+def test_an_initial_state_of_the_jobs_own_is_refused(tmp_path):
+    drv = Driver(tmp_path)
+    drv.op.process_batch(None, 0)
+    drv.close()
+    with pytest.raises(ConfigError, match="is the job's own"):
+        InitialState.resolve(f"{drv.base}/{JOB}", "op", MAXP, job_path=f"{drv.base}/{JOB}")
+
+
+class _LoggedSink:
+    """A sink that says which batches it holds for good (as FileSink's log does)."""
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    def __call__(self, batch_id: int, outputs: Any) -> None:
+        self.got.append(batch_id)
+
+    def committed(self, spark: Any) -> int | None:
+        return max(self.got, default=None)
+
+
+def test_a_replay_the_sink_already_holds_is_not_recomputed(tmp_path):
+    """Review of issue 30 item 1: a replayed batch whose outputs a file sink had logged was
+    recomputed (its checkpoint dropped): state could then differ from the logged outputs."""
+    drv = Driver(tmp_path)
+    sink = drv.op.outputs.sink = _LoggedSink()
+    for b in range(3):
+        drv.op.process_batch(None, b)
+    st = drv.op.process_batch(None, 2)  # Spark replays its last batch
+    assert st.replayed and drv.runs == [0, 1, 2] and sink.got == [0, 1, 2]
+    assert [c.checkpoint_id for c in drv.op.coordinator.completed_checkpoints()] == [0, 1, 2]
+    drv.op.process_batch(None, 3)
+    assert drv.runs == [0, 1, 2, 3]
+    drv.close()
 
 
 def test_an_initial_state_that_does_not_fit_is_a_config_error(tmp_path):
