@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from dstl_ray.testing.hosts import PREFIX, HostCluster, unavailable
 
-pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+              pytest.mark.quiet]  # `ray start` x3: not beside another cluster's start
 
 DRIVER = r"""
 import json, sys
@@ -60,18 +62,86 @@ def _leftovers(tag: str) -> list[str]:
                or f"{PREFIX}v{tag}" in line] + procs.split())
 
 
-def test_writers_on_three_hosts_persist_through_their_own_hosts_node_actor(tmp_path):
-    with HostCluster(3) as hosts:
-        ips = [h.ip for h in hosts.hosts]
-        assert len(set(ips)) == 3 and not any(ip.startswith("127.") for ip in ips)
-        out = hosts.run(hosts.hosts[0], [sys.executable, "-c", DRIVER, hosts.address,
-                                         f"file://{tmp_path}/dfs"], timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        result = json.loads(out.stdout.split("RESULT ", 1)[1])
-        tag = hosts.tag
+@pytest.fixture(scope="module")
+def hosts():
+    cluster = HostCluster(3).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    assert _leftovers(cluster.tag) == []  # no namespace, link or Ray process left
+
+
+def test_writers_on_three_hosts_persist_through_their_own_hosts_node_actor(hosts, tmp_path):
+    ips = [h.ip for h in hosts.hosts]
+    assert len(set(ips)) == 3 and not any(ip.startswith("127.") for ip in ips)
+    out = hosts.run(hosts.hosts[0], [sys.executable, "-c", DRIVER, hosts.address,
+                                     f"file://{tmp_path}/dfs"], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.split("RESULT ", 1)[1])
     writers, actors = result["writers"], result["actors"]
     assert sorted(w["ip"] for w in writers) == sorted(ips)
     for w in writers:  # every writer reached the node actor of its own host
         assert w["ok"] and actors[w["node"]] == w["ip"], (w, actors)
     assert sorted(set(actors.values())) == sorted(ips)  # a node actor on every host
-    assert _leftovers(tag) == []
+
+
+PARTITION_DRIVER = r"""
+import json, sys, time
+import ray
+import dstl_ray
+from experiments.workload import place_writers, verify
+
+address, base, healthy_ips, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+ray.init(address=address, namespace="partition", log_to_driver=False)
+tree = dstl_ray.deploy(base, dstl_ray.ChangelogConfig(namespace="partition",
+                                                      branching_factor=2), detached=False)
+by_ip = {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
+ip_of = {v: k for k, v in by_ip.items()}
+levels = {ip_of[s["node_id"]]: s["level"] for s in tree.status()}
+actors = place_writers("healthy", "partition", [by_ip[ip] for ip in healthy_ips.split(",")],
+                       per_node=1)
+print("READY " + json.dumps(levels), flush=True)
+rounds, handles = [], []
+end = time.time() + seconds
+while time.time() < end:
+    rs = ray.get([a.checkpoint.remote(10, 50) for a in actors], timeout=120)
+    rounds.append({"at": time.time(), "ok": all(r["ok"] for r in rs),
+                   "ms": max(r["latency_ms"] for r in rs),
+                   "errors": [r.get("error") for r in rs if not r["ok"]]})
+    handles = [r["handles"] for r in rs] if all(r["ok"] for r in rs) else handles
+    time.sleep(0.2)
+checked = verify(actors, handles) if handles else 0
+print("RESULT " + json.dumps({"rounds": rounds, "checked": checked}), flush=True)
+"""
+
+
+def test_a_job_on_healthy_hosts_declines_nothing_while_another_host_is_partitioned(
+        hosts, tmp_path):
+    """Issue 31 item 2: a host's link down for 8 s (then healed) while a job whose writers
+    live on the two other hosts checkpoints every 0.2 s: none of its checkpoints fails, and
+    every change reads back."""
+    h0, h1, victim = hosts.hosts
+    proc = hosts.popen(h0, [sys.executable, "-c", PARTITION_DRIVER, hosts.address,
+                            f"file://{tmp_path}/dfs", f"{h0.ip},{h1.ip}", "24"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ready = proc.stdout.readline()
+        assert ready.startswith("READY"), ready + proc.stderr.read()[-3000:]
+        time.sleep(4)
+        t0 = time.time()
+        hosts.partition(victim)
+        time.sleep(8)
+        hosts.heal(victim)
+        t1 = time.time()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1])
+    rounds = result["rounds"]
+    during = [r for r in rounds if t0 <= r["at"] <= t1]
+    assert len(during) >= 5, rounds  # the job kept checkpointing through the partition
+    failed = [r for r in rounds if not r["ok"]]
+    assert failed == [], (json.loads(ready.split(" ", 1)[1]), failed)
+    assert result["checked"] > 0
