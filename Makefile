@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast bench compare lint clean
+.PHONY: setup demo test test-runs test-fast bench compare lint clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/runs
+
+# the experiments in CI size, each with a cluster of its own (quick chaos runs, the demo, the
+# Flink comparison's dstl-ray side), checked by tests/runs; CI runs it after make test
+test-runs: $(STAMP)
+	$(BIN)/python -m pytest tests/runs
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

@@ -6,10 +6,13 @@ Tests under ``tests/cluster`` and ``tests/spark`` get the ``cluster`` and ``spar
 from their directory, so ``pytest -m "not spark"`` leaves the Spark tests out.
 
 Order: the unit tests first (no cluster is up while they run), then integration, cluster and
-Spark. The experiments that bring a cluster of their own (``@pytest.mark.background(NAME)``,
-runs listed in ``RUNS``) start in the background when the session starts, one at a time
-(``tests/background.py``; DSTL_TEST_OVERLAP=0: each when its test asks). Tests marked
-``quiet`` (timing bounds the overlap would break) run last, once no run is going."""
+Spark. ``make test`` stops there. ``tests/runs`` (``make test-runs``, which CI runs after
+``make test``) holds the experiments in CI size that bring a cluster of their own (the quick
+chaos runs, the demo, the Flink comparison's dstl-ray side: ``@pytest.mark.background(NAME)``,
+runs listed in ``RUNS``); they start in the background when their session starts, one at a
+time (``tests/background.py``; DSTL_TEST_OVERLAP=0: each when its test asks), and their tests
+read what they left. Beside the other tiers on two cores they made timing tests late and Spark
+tests time out. Tests marked ``quiet`` (timing bounds) run last, once no run is going."""
 
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ N_NODES = int(os.environ.get("DSTL_TEST_NODES", "5"))
 # to its log, where tests/integration/test_node_warnings.py looks for them
 WORKER_WARNINGS = "default::DeprecationWarning,default::FutureWarning"
 TESTS = Path(__file__).resolve().parent
-MARKED_DIRS = {"cluster": TESTS / "cluster", "spark": TESTS / "spark"}
-TIERS = ("unit", "integration", "cluster", "spark")  # the order tests run in
+MARKED_DIRS = {"cluster": TESTS / "cluster", "spark": TESTS / "spark", "runs": TESTS / "runs"}
+TIERS = ("unit", "integration", "cluster", "spark", "runs")  # the order tests run in
 PY = sys.executable
 CHAOS = ("-m", "experiments.chaos", "--quick", "--out", "{out}")
 

@@ -148,7 +148,7 @@ def test_a_restart_whose_state_is_gone_fails_until_told_to_start_over(spark, tre
 
 def test_node_actor_and_executor_loss_mid_stream(spark, tree_factory, namespace, tmp_path):
     """With the RocksDB table (the heap table meets the same kills in the chaos and the
-    demo runs, tests/spark/test_chaos_spark.py and test_demo.py)."""
+    demo runs, tests/runs/test_chaos_spark.py and test_demo.py)."""
     state_backend = "rocksdb"
     tree = tree_factory(persist_delay_s=0.02)
     src, chk = tmp_path / "in", tmp_path / "chk"
