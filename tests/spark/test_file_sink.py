@@ -9,6 +9,7 @@ checkpoint before it. Also ``op.transform`` for a foreachBatch of one's own."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -36,14 +37,14 @@ class _DriverDies(Exception):
     pass
 
 
-def offline_outputs(spark, src: Path) -> Counter:
+def offline_outputs(src: Path) -> Counter:
     """Every batch's outputs, recomputed: one file per batch, in order; per user in it, the
     user's count and sum after the batch."""
     count: Counter = Counter()
     total: Counter = Counter()
     want: Counter = Counter()
     for f in sorted(src.glob("f*.json")):
-        rows = spark.read.schema(SCHEMA).json(str(f)).collect()
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line]
         for r in rows:
             count[r["user"]] += 1
             total[r["user"]] += r["amount"]
@@ -89,7 +90,7 @@ def test_file_sink_output_is_exactly_once_through_driver_restarts_and_an_executo
     assert op.history[0].restores == 3  # a new driver's epoch: every subtask restored
     assert [s.batch_id for s in op.history] == [3, 4, 5]
     assert op.state() == expected(spark, src)
-    want = offline_outputs(spark, src)
+    want = offline_outputs(src)
     for fmt in ("parquet", "json"):
         got = Counter(tuple(r) for r in getattr(spark.read, fmt)(str(out / fmt))
                       .select("user", "count", "sum").collect())

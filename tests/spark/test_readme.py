@@ -1,6 +1,7 @@
 """The README's Spark blocks run as written, in order, in one namespace
 (tests/unit/docs_util.py): the Structured Streaming query over two files of events (two
-micro-batches) into a file sink read back with ``spark.read``, the vectorized and the session windows' operators (made, not run:
+micro-batches) into a file sink read back with ``spark.read``, the vectorized and the
+session windows' operators (made, not run:
 tests/spark/test_vectorized_api.py and test_timers.py run such operators), and reading the
 state and the changes back. ``/data`` and ``/out`` are in this test's temporary directory,
 and ``start_spark`` returns the session's Spark (RayDP runs one Spark per Ray cluster)."""
@@ -48,9 +49,10 @@ def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monke
 
     add_events(0)
     try:
-        run(stream)
-        (query,) = spark.streams.active
-        query.processAllAvailable()
+        run(stream)  # it waits for the first file itself, and reads the output back
+        assert sorted(tuple(r) for r in names["spark"].read.parquet(
+            str(tmp_path / "out" / "user-totals")).collect()) == [("u1", 2, 6), ("u2", 1, 7)]
+        query = names["query"]
         add_events(1)
         query.processAllAvailable()
         count, total = _totals(EVENTS)
