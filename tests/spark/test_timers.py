@@ -131,11 +131,11 @@ def test_a_processing_time_timer_fires_on_an_idle_stream(spark, tree_factory, na
     tree_factory(persist_delay_s=0.02)
     src = tmp_path / "in"
     users = {u for u, _t in write(src, 0)}
-    fired: dict[str, tuple[int, float]] = {}
+    fired: dict[str, tuple[int, int]] = {}
 
     def sink(batch_id, out):
         for key, due_ms in out:
-            fired.setdefault(key, (due_ms, time.time()))
+            fired.setdefault(key, (due_ms, batch_id))
 
     op = KeyedStatefulOperator("idle", key="user", update=remind_later, on_timer=reminded,
                                sink=sink, namespace=namespace, parallelism=2,
@@ -153,6 +153,11 @@ def test_a_processing_time_timer_fires_on_an_idle_stream(spark, tree_factory, na
         q.stop()
     op.close()
     assert set(fired) == users  # no data after the first file: the ticks ran the batches
-    late = [at - due / 1000 for due, at in fired.values()]
-    assert max(late) < 5.0, late  # a trigger interval and a batch, with room for a slow CI
+    # each fired in the first micro-batch that started at or after its time (a batch's
+    # processing time is its start): the one before it started too early
+    start_ms = {s.batch_id: (s.finished_at - s.batch_s) * 1000 for s in op.history}
+    for due, b in fired.values():
+        assert start_ms[b] >= due - 500 and start_ms[b - 1] < due, (due, b, start_ms)
     assert op.history[0].rows == 120 and all(s.rows == 0 for s in op.history[1:])
+    # they fired in micro-batches without data, which ran on the ticks alone
+    assert all(b >= 1 and op.history[b].rows == 0 for _due, b in fired.values())
