@@ -28,12 +28,10 @@ from dstl_ray.storage.base import join, normalize_url
 
 @dataclass(frozen=True)
 class InitialState:
-    """The checkpoint or savepoint a job starts from: its ``_metadata`` URL, id and the
-    files it names (protected in the job's registry)."""
+    """The checkpoint or savepoint a job starts from: its ``_metadata`` URL (the
+    coordinator's NO_CLAIM restore from it protects its files)."""
 
     metadata_url: str
-    checkpoint_id: int
-    files: tuple[str, ...]
 
     @classmethod
     def start(cls, source: Any, coordinator: Any, operator_id: str,
@@ -71,7 +69,7 @@ class InitialState:
             operator_states(cc, operator_id)
         except StateError as e:
             raise ConfigError(f"initial_state {url}: {e}") from None
-        return cls(cc.metadata_url, cc.checkpoint_id, tuple(cc.files.values()))
+        return cls(cc.metadata_url)
 
 
 def _metadata_url(source: Any, namespace: str | None) -> str:
