@@ -19,11 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dstl_ray.checkpoint.reader import operator_states, resolve_checkpoint
+from dstl_ray.checkpoint.reader import operator_states
 from dstl_ray.checkpoint.recovery import list_checkpoints, load_checkpoint
 from dstl_ray.checkpoint.restore import RestoreMode
 from dstl_ray.errors import ConfigError, StateError
-from dstl_ray.storage.base import join, normalize_url
+from dstl_ray.storage.base import normalize_url
+
+from .sources import checkpoint_url
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class InitialState:
         operator (its latest checkpoint). A source with another max parallelism, without
         a snapshot of ``operator_id``, or in the job's own directory ``job_path``, is a
         :class:`ConfigError` naming what it holds."""
-        url = _metadata_url(source, namespace)
+        url = checkpoint_url(source, namespace, "initial_state")[0]
         if job_path is not None and normalize_url(url).startswith(
                 normalize_url(job_path).rstrip("/") + "/"):
             raise ConfigError(f"initial_state {url} is the job's own: a job restarts from its "
@@ -71,19 +73,3 @@ class InitialState:
             raise ConfigError(f"initial_state {url}: {e}") from None
         return cls(cc.metadata_url)
 
-
-def _metadata_url(source: Any, namespace: str | None) -> str:
-    if hasattr(source, "coordinator") and hasattr(source, "base_path"):  # an operator
-        return resolve_checkpoint(join(source.base_path, source.job_id))
-    if not isinstance(source, str) or not source:
-        raise ConfigError(f"initial_state must be a checkpoint or savepoint (a URL or path), "
-                          f"a job id or an operator, got {source!r}")
-    if "://" in source or source.startswith("/"):
-        return resolve_checkpoint(source)
-    from dstl_ray.log.client import StateChangelogClient
-
-    client = StateChangelogClient(source, namespace=namespace)
-    try:
-        return resolve_checkpoint(join(client.transport.base_path, source))
-    finally:
-        client.close()

@@ -18,13 +18,12 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from dstl_ray.checkpoint.change_feed import check_window
 from dstl_ray.checkpoint.change_feed import read_change_feed as _feed
-from dstl_ray.checkpoint.reader import read_range, resolve_checkpoint, state_info, the_operator
+from dstl_ray.checkpoint.reader import read_range, state_info, the_operator
 from dstl_ray.checkpoint.recovery import load_checkpoint
 from dstl_ray.errors import ConfigError, StateError
 from dstl_ray.state.records import StateKind
-from dstl_ray.storage.base import join
 
-from .operator import KeyedStatefulOperator
+from .sources import checkpoint_url
 
 _FALLBACK_SCHEMA = {StateKind.VALUE: "key string, value string",
                     StateKind.LIST: "key string, value array<string>",
@@ -41,33 +40,13 @@ def _rows(url: str, op: str, state: str, kind: StateKind, parts: int, index: int
             yield key, value
 
 
-def checkpoint_url(source: Any, namespace: str | None = None) -> tuple[str, str | None]:
-    """``(the _metadata URL, its operator id or None)`` of ``source``: a
-    :class:`~spark_glue.KeyedStatefulOperator` (its latest checkpoint), a URL or path of a
-    job directory, checkpoint, savepoint or ``_metadata`` file, or a job id on the tree of
-    ``namespace`` (its latest checkpoint)."""
-    if isinstance(source, KeyedStatefulOperator):
-        return (resolve_checkpoint(join(source.base_path, source.job_id)),
-                source.operator_id)
-    if not isinstance(source, str) or not source:
-        raise ConfigError(f"source must be an operator, a URL or a job id, got {source!r}")
-    if "://" in source or source.startswith("/"):
-        return resolve_checkpoint(source), None
-    from dstl_ray.log.client import StateChangelogClient
-
-    client = StateChangelogClient(source, namespace=namespace)
-    try:
-        return resolve_checkpoint(join(client.transport.base_path, source)), None
-    finally:
-        client.close()
-
-
 def read_state(spark: Any, source: Any, state: str, *, operator_id: str | None = None,
                parallelism: int | None = None, schema: Any = None,
                namespace: str | None = None, now_ms: int | None = None) -> Any:
     """A DataFrame of ``state`` in the checkpoint or savepoint ``source`` (see
-    :func:`checkpoint_url`), read by ``parallelism`` Spark tasks (default Spark's default
-    parallelism, at most the checkpoint's max parallelism), one key-group range each.
+    :func:`spark_glue.sources.checkpoint_url`), read by ``parallelism`` Spark tasks
+    (default Spark's default parallelism, at most the checkpoint's max parallelism), one
+    key-group range each.
 
     ``schema``: the DataFrame's schema (a DDL string or StructType). Default: inferred from
     the first rows (give one when values have mixed types); an empty state gets strings.
@@ -122,10 +101,10 @@ def read_change_feed(spark: Any, start: Any, end: Any, state: str, *,
                      operator_id: str | None = None, parallelism: int | None = None,
                      schema: Any = None, namespace: str | None = None) -> Any:
     """A DataFrame of the changes of ``state`` after checkpoint ``start`` up to checkpoint
-    ``end`` (each as :func:`checkpoint_url` takes; an operator means its latest), read from
-    the changelog by ``parallelism`` Spark tasks, one key-group range each; a window a
-    materialization truncated is read as a diff of the two states (each key's net change:
-    :mod:`dstl_ray.checkpoint.change_feed`)."""
+    ``end`` (each as :func:`spark_glue.sources.checkpoint_url` takes; an operator means
+    its latest), read from the changelog by ``parallelism`` Spark tasks, one key-group
+    range each; a window a materialization truncated is read as a diff of the two states
+    (each key's net change: :mod:`dstl_ray.checkpoint.change_feed`)."""
     s_url, op_s = checkpoint_url(start, namespace)
     e_url, op_e = checkpoint_url(end, namespace)
     op = check_window(s_url, e_url, operator_id or op_e or op_s, state)  # on the driver
