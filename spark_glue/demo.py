@@ -35,6 +35,7 @@ from dstl_ray.plotting import pyplot
 from .pipeline import SCHEMA, count_and_sum, diff, json_lines, recompute, write_event_file
 from .sessions import Sessions, check_sessions
 from .state_reader import read_state
+from .stats import totals
 
 NS = "dstl_demo"
 T0_MS = 1_700_000_000_000  # event time of the first file; each file is one second later
@@ -247,8 +248,12 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
         gen.join()
         say("[demo] input stopped; draining the stream")
         q.processAllAvailable()
+        time.sleep(1.0)  # the last batch's progress event reaches the listener
         q.stop()
         h = op.history
+        # each batch's metrics, as Spark users see them: in the query's progress
+        shown = [p["observedMetrics"][op.progress.name] for p in q.recentProgress
+                 if op.progress.name in p.get("observedMetrics", {})]
         recovery_s = None
         if fail_at is not None:
             after = [s for s in h if s.finished_at > fail_at]
@@ -286,6 +291,11 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             **recovery_latency(list(h), fail_at, args.window),
             "state_matches_recomputation": not problems,
             "state_reader_rows": sum(len(v) for v in read_back.values()),
+            "metrics": totals(h),  # the operator's counts (spark_glue.stats)
+            # query.lastProgress["observedMetrics"]: the last batch's, and how many of the
+            # progress updates Spark keeps (recentProgress) carried them
+            "last_progress_metrics": shown[-1] if shown else None,
+            "progress_updates_with_metrics": len(shown),
             **sessions,
         }
         op.close()

@@ -42,6 +42,7 @@ from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .initial import InitialState
+from .progress import ProgressMetrics
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
 from .sinks import BatchOutputs, Sink
 from .stats import BatchHistory, BatchStats
@@ -205,6 +206,7 @@ class KeyedStatefulOperator:
             initial_state, self.coordinator, operator_id, self.namespace))
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
+        self.progress = ProgressMetrics(job_id)  # batch metrics in query.lastProgress
         self.last_outputs: Any = None  # the last batch's, as the sink got them
 
     # ------------------------------------------------------------------ batches
@@ -318,16 +320,12 @@ class KeyedStatefulOperator:
         self._check_ttl_names(snaps)
         self.last_outputs = self.outputs.deliver(batch_id, outputs)
         t3 = time.perf_counter()
-        stats = BatchStats(
-            batch_id, sum(r["rows"] for r in results), sum(r["keys"] for r in results),
-            t3 - t0, max(r["snapshot_s"] for r in results) + (t2 - t1), t3 - t2,
-            sum(1 for r in results if r["restore_s"] > 0), sum(
-                1 for r in results if r["attempt"] > 0 or r["stage_attempt"] > 0), replayed,
-            {r["index"]: r["node"] for r in results},
-            {r["index"]: r["chosen_by"] for r in results},
-            {r["index"]: r["raylet_pid"] for r in results},
-            {r["index"]: r["executor"] or "" for r in results}, max(r["restore_s"] for r in results), max(r["apply_s"] for r in results))
+        new = cc.latest_checkpoint()
+        written = len(new.files.keys() - (latest.files.keys() if latest else set())) \
+            if new is not None else 0
+        stats = BatchStats.of(batch_id, results, replayed, (t0, t1, t2, t3), written)
         self.history.append(stats)
+        self.progress.record(spark, batch_id, stats.metrics())
         return stats
 
     def _run(self, df: Any, spec: TaskSpec) -> list[dict[str, Any]]:
@@ -405,5 +403,6 @@ class KeyedStatefulOperator:
 
     def close(self) -> None:
         """Stop coordinating (retained checkpoints stay for the next run)."""
+        self.progress.close()
         self.coordinator.shutdown()
         self._client.close()

@@ -88,6 +88,7 @@ class TimerService:
         self._live: set[tuple[str, int, Any]] = set()
         self._in_heap: set[tuple[str, int, Any]] = set()  # one heap entry per timer at most
         self._seq = 0  # heap tiebreak: keys need not be comparable
+        self.registered = self.fired = 0  # by this service, ever (metrics)
         for key in list(self._state.keys()):  # the index, rebuilt from state
             for entry in self._state.items(key):
                 domain, t = _parse(entry)
@@ -107,6 +108,7 @@ class TimerService:
             self._state.put(key, _entry(domain, t), 1)
             self._live.add((domain, t, key))
             self._push(key, domain, t)
+            self.registered += 1
 
     def delete(self, key: Any, domain: str, time: Any) -> None:
         t = _ms(time)
@@ -159,6 +161,7 @@ class TimerService:
                                  f"a timer at or before the time that fired it?")
             self._state.remove(key, _entry(domain, t))
             self._live.discard((domain, t, key))
+            self.fired += 1
             yield Timer(t, domain, key)
 
 

@@ -258,6 +258,15 @@ def timer_context(spec: TaskSpec, entry: _Entry, groups: Groups) -> tuple[TimerC
     return TimerContext(entry.timers, watermark, spec.now_ms), seen
 
 
+_COUNTS = ("timers_registered", "timers_fired", "ttl_evicted")
+
+
+def _counts(entry: _Entry) -> tuple[int, int, int]:
+    """The subtask's counters behind the per-batch :data:`_COUNTS` (their differences)."""
+    t = entry.timers
+    return (t.registered if t else 0, t.fired if t else 0, entry.backend.ttl_evicted)
+
+
 def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
                   ) -> Iterator[dict[str, Any]]:
     """Apply one subtask's rows of the micro-batch (its Arrow payloads, spark_glue.routing),
@@ -282,6 +291,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     try:
         ttl = dict(spec.state_ttl)
         timers, seen = timer_context(spec, entry, groups)
+        before = _counts(entry)
         if spec.api == "pandas":
             output_ipc = [apply_pandas(spec.update, groups, backend, ttl, timers)]
         else:
@@ -298,6 +308,9 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
             timeout=spec.persist_timeout_s)
         snap = dataclasses.replace(snap, event_time_ms=seen, processing_time_ms=spec.now_ms)
         t2 = time.perf_counter()
+        metrics = {"state_rows": backend.entries(), "state_bytes": snap.state_size(),
+                   **{k: a - b for k, a, b in zip(_COUNTS, _counts(entry), before,
+                                                  strict=True)}}
         holds = spec.batch_id
     finally:
         release(entry, holds, attempt_id)
@@ -310,6 +323,5 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         "node": client.node_name, "chosen_by": getattr(client.transport, "chosen_by", ""),
         "raylet_pid": os.environ.get("RAY_RAYLET_PID", ""), "pid": os.getpid(),
         "executor": executor_id(),
-        "materializations": backend.materializations,
+        "materializations": backend.materializations, "metrics": metrics,
     }
-

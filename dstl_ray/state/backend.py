@@ -112,8 +112,8 @@ class ChangelogKeyedStateBackend:
                                     is_closed=lambda: self._closed)
         self._mat_future: concurrent.futures.Future | None = None
         self._last_mat_start = clock()
-        self.materializations = 0
-        self.materialization_failures = 0
+        # counters: materializations done and failed, expired entries purged (metrics)
+        self.materializations = self.materialization_failures = self.ttl_evicted = 0
         # FLIP-158 "Recovery and rescaling" (FLIP-306 4.5 for merged files)
         try:
             restored = restore_state(restore, key_group_range, self.job_id,
@@ -160,14 +160,13 @@ class ChangelogKeyedStateBackend:
     def map_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> MapState:
         return self.get_state(MapStateDescriptor(name, ttl))  # type: ignore[return-value]
 
-    def _purge_expired(self, lock: Any = None) -> int:
+    def _purge_expired(self, lock: Any = None) -> None:
         """Drop the entries of TTL states expired now from the live tables (with the lock
         held), for states whose TTL this run confirmed (``get_state``). Unlogged: an expired
         entry stays expired, and reads never return it."""
         ttls = self._states.confirmed_ttls()
-        if all(t is None for t in ttls):
-            return 0
-        return self._table.purge_expired(ttls, now_ms(self._ttl_clock()), lock)
+        if any(t is not None for t in ttls):
+            self.ttl_evicted += self._table.purge_expired(ttls, now_ms(self._ttl_clock()), lock)
 
     @property
     def writer(self) -> Any:
@@ -373,6 +372,11 @@ class ChangelogKeyedStateBackend:
         return self._files.stats()
 
     # ------------------------------------------------------------------ introspection
+
+    def entries(self) -> int:
+        """Entries in the tables (:meth:`~dstl_ray.state.table.StateTable.entries`)."""
+        with self._lock:
+            return self._table.entries()
 
     def dump(self) -> dict[str, dict[Any, Any]]:
         """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""

@@ -121,6 +121,13 @@ class HeapStateTable:
                 for k, v in list(d.items()):
                     yield kg, k, v
 
+    def entries(self) -> int:
+        n = 0
+        for kind, per_kg in zip(self._kinds, self._tables, strict=True):
+            for d in per_kg.values():
+                n += sum(map(len, d.values())) if kind is StateKind.MAP else len(d)
+        return n
+
     def apply_records(self, recs: list[bytes], kg: int, sid_map: list[int] | None) -> None:
         records.apply_records(recs, self._tables, self._kinds, kg, sid_map)
 

@@ -232,6 +232,13 @@ class RocksDBStateTable:
             with self._write:
                 self._db.write(wb)
 
+    def entries(self) -> int:
+        with self._guard:
+            if isinstance(self._db, Closed):
+                return 0
+            with self._read:
+                return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)
+
     def purge_expired(self, ttls: Sequence[int | None], now: int, lock: Any = None) -> int:
         """Flink's full-scan cleanup, key group by key group, in one write batch each (a
         reader sees a key before or after, never half). Costs a scan of the TTL states;

@@ -95,6 +95,14 @@ def component_files(c: Component, base_path: str, own_dir: str) -> dict[str, str
     return {file_name(u): u for u in c.handle.file_paths()}
 
 
+def component_size(c: Component) -> int:
+    """Bytes of state ``c`` names: its section of a materialized file, its RocksDB files, or
+    its changelog segments (Flink's "checkpointed data size", full, not incremental)."""
+    if isinstance(c, ChangelogComponent):
+        return c.handle.state_size
+    return c.size
+
+
 def component_changes(c: Component, base_path: str, own_dir: str, key_groups: KeyGroupRange,
                       storage: Storage | None = None
                       ) -> Iterator[tuple[int, Iterable[bytes]]]:
@@ -179,6 +187,10 @@ class KeyedStateSnapshot:
                 raise HandleError(f"snapshot {name} must be an integer, got {t!r}")
         return cls(d["operator"], KeyGroupRange.from_json(d.get("key_groups")),
                    tuple(component_from_dict(c, base_path) for c in comps), owned, *times)
+
+    def state_size(self) -> int:
+        """Bytes of state the snapshot names (see :func:`component_size`)."""
+        return sum(component_size(c) for c in self.components)
 
     def files(self, base_path: str, own_dir: str) -> dict[str, str]:
         out: dict[str, str] = {}

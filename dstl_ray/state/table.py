@@ -83,6 +83,10 @@ class StateTable(Protocol):
         """``(key group, key, value)`` of state ``sid`` for the key groups given, key group
         by key group in their order; a value as in :data:`TableView`."""
 
+    def entries(self) -> int:
+        """Entries held, over every state: a key of a value or list state, an entry of a
+        map state (RocksDB: its estimate, ``rocksdb.estimate-num-keys``). For metrics."""
+
     def apply_records(self, recs: list[bytes], kg: int, sid_map: list[int] | None) -> None:
         """Apply change records of key group ``kg`` (FLIP-158 "Recovery and rescaling"),
         with the record checks of :func:`dstl_ray.state.records.decode_record`."""

@@ -2,7 +2,7 @@
 with its own IP and a Ray node started by ``ray start`` (dstl_ray.testing.hosts). A driver
 on the first host deploys a tree; a writer on every host persists through the node actor of
 its own host, and reads its changes back; afterwards nothing of the hosts is left (no
-namespace, link or process)."""
+namespace, link or process: the session's ``hosts`` fixture, tests/cluster/conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-from dstl_ray.testing.hosts import PREFIX, HostCluster, unavailable
+from .hosts_util import needs_hosts
 
-pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
-              pytest.mark.quiet]  # `ray start` x3: not beside another cluster's start
+pytestmark = [needs_hosts, pytest.mark.quiet]  # `ray start` x3: not beside another's start
 
 DRIVER = r"""
 import json, sys
@@ -50,26 +49,6 @@ actors = {s["name"]: ip_of[s["node_id"]] for s in tree.status()}
 print("RESULT " + json.dumps({"writers": got, "actors": actors}))
 tree.shutdown()
 """
-
-
-def _leftovers(tag: str) -> list[str]:
-    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    procs = subprocess.run(["pgrep", "-f", f"{PREFIX}{tag}"], capture_output=True,
-                           text=True).stdout
-    return ([line for line in ns.splitlines() if f"{PREFIX}-{tag}" in line]
-            + [line for line in links.splitlines() if f"{PREFIX}b{tag}" in line
-               or f"{PREFIX}v{tag}" in line] + procs.split())
-
-
-@pytest.fixture(scope="module")
-def hosts():
-    cluster = HostCluster(3).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-    assert _leftovers(cluster.tag) == []  # no namespace, link or Ray process left
 
 
 def test_writers_on_three_hosts_persist_through_their_own_hosts_node_actor(hosts, tmp_path):

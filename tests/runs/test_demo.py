@@ -32,4 +32,9 @@ def test_demo_short_run(background_run):
     assert after is None or after > 0
     if summary["checkpoints_after_recovery"] >= 10:  # enough to mean something
         assert after <= 1.2 * before, summary
+    # the operator's metrics: its counts, and the same per batch in the query's progress
+    metrics, shown = summary["metrics"], summary["last_progress_metrics"]
+    assert metrics["rows"] == summary["rows"] and metrics["timers_fired"] > 0, metrics
+    assert metrics["files_written"] > 0 and metrics["state_rows"] > 0
+    assert summary["progress_updates_with_metrics"] >= 1 and shown["checkpoint_ms"] > 0
     assert (base / "checkpoint_latency.png").stat().st_size > 1000

@@ -10,6 +10,7 @@ import json
 import re
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from dstl_ray.errors import ConfigError, DstlError, MissingStateError
 from dstl_ray.storage.registry import get_storage
 from spark_glue.initial import InitialState
 from spark_glue.operator import KeyedStatefulOperator, is_replay
+from spark_glue.progress import ProgressMetrics
 from spark_glue.replay import missing_state
 from spark_glue.sinks import BatchOutputs
 from spark_glue.stats import BatchHistory, BatchStats
@@ -88,8 +90,11 @@ class Driver:
         op = KeyedStatefulOperator.__new__(KeyedStatefulOperator)
         op.job_id, op.key, op.update, op.namespace = job, "k", lambda *a: None, "ns"
         op.operator_id, op.max_parallelism, op.materialization_interval = "op", MAXP, None
-        op.sink, op._spark, op._parallelism, op.sticky, op._placement = None, object(), 1, \
+        # a session running no streaming query: no batch metrics for query progress
+        no_query = SimpleNamespace(sparkContext=SimpleNamespace(getLocalProperty=lambda k: None))
+        op.sink, op._spark, op._parallelism, op.sticky, op._placement = None, no_query, 1, \
             False, {}
+        op.progress = ProgressMetrics(job)
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
         op.state_ttl = ()
         op.state_backend, op.local_dir = "heap", None
@@ -134,7 +139,7 @@ class Driver:
                  "outputs": [],
                  "rows": 1, "keys": 1, "attempt": 0, "stage_attempt": 0, "restore_s": 0.0,
                  "apply_s": 0.0, "snapshot_s": 0.0, "node": "", "chosen_by": "",
-                 "raylet_pid": "", "executor": ""}]
+                 "raylet_pid": "", "executor": "", "metrics": {"state_rows": 1}}]
 
     backend_holds = -1
 

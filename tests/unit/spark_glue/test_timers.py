@@ -59,6 +59,8 @@ def test_timers_fire_once_earliest_first_across_domains_and_only_when_due():
         s.register("c", EVENT, 50)  # registered again after a delete: one timer again
         assert fired(s, 100, 100) == [(50, EVENT, "c"), (99, PROCESSING, "c")]
         assert fired(s, 10**9, 10**9) == [] and b.dump().get(TIMERS_STATE, {}) == {}
+        # the counters behind a batch's metrics: timers new to the service, timers fired
+        assert (s.registered, s.fired) == (6, 5)
     finally:
         b.close()
 

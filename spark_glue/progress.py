@@ -1,0 +1,128 @@
+"""The operator's numbers where Spark users look: each micro-batch's
+:data:`~spark_glue.stats.METRICS` as an observed metric of the query's progress, so they are
+in ``query.lastProgress["observedMetrics"]["dstl-ray:<job>"]``, in ``recentProgress`` and in
+what every ``StreamingQueryListener`` registered after ours gets.
+
+Spark builds a micro-batch's progress after the ``foreachBatch`` function returned (its
+observed metrics are those of ``Dataset.observe`` nodes in the streaming plan, which the
+operator's work is not part of), and posts it to the session's streaming listeners, on the
+listener bus thread, shortly after. :class:`ProgressMetrics` is such a listener: the operator
+records each batch's metrics under the query's id and the batch id (Spark sets the query id
+as a local property of the thread running the batch), and when the batch's progress event
+arrives the listener adds them to that progress's observed metrics, the very object
+``lastProgress`` and ``recentProgress`` return. So they show up once the event has been
+delivered (milliseconds after the batch, as for any listener), and not in progress built
+outside the JVM (Spark Connect has none to add to).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+QUERY_ID = "sql.streaming.queryId"  # StreamExecution.QUERY_ID_KEY
+PENDING = 64  # batches recorded whose progress has not arrived yet, at most
+
+
+def metric_name(job_id: str) -> str:
+    """The observed metric's name for job ``job_id``."""
+    return f"dstl-ray:{job_id}"
+
+
+def row_schema(metrics: dict[str, int | float]) -> dict[str, Any]:
+    """The Spark schema (as JSON) of a row of ``metrics``, in order: an int that fits in 32
+    bits is an integer, a larger one a long, a float a double (the Java types py4j gives
+    the values, which the row's JSON must agree with)."""
+    def kind(v: int | float) -> str:
+        if isinstance(v, float):
+            return "double"
+        return "integer" if -(1 << 31) <= v < (1 << 31) else "long"
+
+    return {"type": "struct", "fields": [
+        {"name": k, "type": kind(v), "nullable": False, "metadata": {}}
+        for k, v in metrics.items()]}
+
+
+def _owner(query: str, spark: Any) -> Any:
+    """The session among ``spark``, the thread's active one and the default one whose
+    query manager runs ``query`` (None: none of them)."""
+    from pyspark.sql import SparkSession
+
+    for s in (spark, SparkSession.getActiveSession(), SparkSession._instantiatedSession):
+        if s is not None and s._jsparkSession.streams().get(query) is not None:
+            return s
+    return None
+
+
+class ProgressMetrics(StreamingQueryListener):
+    """Adds one operator's batch metrics to its queries' progress (see the module)."""
+
+    def __init__(self, job_id: str) -> None:
+        self.name = metric_name(job_id)
+        self._lock = threading.Lock()
+        self._pending: OrderedDict[tuple[str, int], dict[str, int | float]] = OrderedDict()
+        self._spark: Any = None
+
+    def record(self, spark: Any, batch_id: int, metrics: dict[str, int | float]) -> bool:
+        """Keep ``metrics`` for the progress of ``batch_id`` of the query running this
+        thread's micro-batch (False: no query runs it, as for ``transform`` called outside
+        ``foreachBatch``). On first use, registers the listener with the session that
+        started the query: a session's listeners hear only of its own queries, and the
+        micro-batch's DataFrame belongs to a clone of it."""
+        query = spark.sparkContext.getLocalProperty(QUERY_ID)
+        if not query:
+            return False
+        with self._lock:
+            if self._spark is None:
+                owner = _owner(query, spark)
+                if owner is None:
+                    return False
+                owner.streams.addListener(self)
+                self._spark = owner
+            self._pending[(query, batch_id)] = metrics
+            while len(self._pending) > PENDING:
+                self._pending.popitem(last=False)
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            spark, self._spark = self._spark, None
+            self._pending.clear()
+        if spark is not None:
+            try:
+                spark.streams.removeListener(self)
+            except Exception:  # noqa: BLE001 - a stopped session has no listeners left
+                pass
+
+    # StreamingQueryListener (called on Spark's listener bus thread)
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: N802 - Spark's name
+        progress = event.progress
+        with self._lock:
+            metrics = self._pending.pop((str(progress.id), progress.batchId), None)
+            spark = self._spark
+        jprogress = getattr(progress, "_jprogress", None)
+        if metrics is None or jprogress is None or spark is None:
+            return
+        jvm = spark.sparkContext._jvm
+        schema = jvm.org.apache.spark.sql.types.DataType.fromJson(
+            json.dumps(row_schema(metrics)))
+        values = spark.sparkContext._gateway.new_array(jvm.java.lang.Object, len(metrics))
+        for i, v in enumerate(metrics.values()):
+            values[i] = v
+        row = jvm.org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema(values,
+                                                                                  schema)
+        jprogress.observedMetrics().put(self.name, row)
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+        pass

@@ -1,0 +1,72 @@
+"""The operator's numbers where Spark users look (issue 30 item 6): each micro-batch's rows,
+keys, state entries and bytes, timers registered and fired, checkpoint ms, files written and
+restores are an observed metric of the query's progress, in ``query.lastProgress`` and
+``recentProgress`` (spark_glue.progress), equal to what the operator recorded."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from pyspark import cloudpickle
+
+from spark_glue import KeyedStatefulOperator
+from spark_glue.progress import metric_name
+
+from .test_stateful_operator import SCHEMA, write_events
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def count_with_a_timer(key, rows, state):
+    c = state.value("count")
+    c.set(c.get(0) + len(rows))
+    state.timers.register_processing_time(state.timers.now)  # due in this very batch
+    return []
+
+
+def nothing(key, timer, state):
+    return []
+
+
+def test_each_batch_s_metrics_are_in_the_query_s_progress(spark, tree_factory, namespace,
+                                                          tmp_path):
+    tree_factory(persist_delay_s=0.02)
+    src = tmp_path / "in"
+    write_events(src, 3, 80, seed=12)
+    op = KeyedStatefulOperator("progress", key="user", update=count_with_a_timer,
+                               on_timer=nothing, namespace=namespace, parallelism=2,
+                               max_parallelism=32, materialization_interval=0.0)
+    q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
+         .writeStream.foreachBatch(op).option("checkpointLocation", str(tmp_path / "chk"))
+         .start())
+    name = metric_name("progress")
+    try:
+        q.processAllAvailable()
+        deadline = time.time() + 30  # the listener hears of a batch just after it
+        while time.time() < deadline and not all(
+                name in p["observedMetrics"] for p in q.recentProgress
+                if p["numInputRows"] > 0):
+            time.sleep(0.2)
+        progress = {p["batchId"]: p for p in q.recentProgress if p["numInputRows"] > 0}
+        last = q.lastProgress
+    finally:
+        q.stop()
+        op.close()
+    assert sorted(progress) == [0, 1, 2], sorted(progress)
+    assert last["batchId"] == 2 and last["observedMetrics"][name] == op.history[-1].metrics()
+    seen: set[str] = set()
+    for f, stats in zip(sorted(src.glob("f*.json")), op.history, strict=True):
+        users = {json.loads(line)["user"] for line in f.read_text().splitlines()}
+        seen |= users
+        got = progress[stats.batch_id].get("observedMetrics", {}).get(name)
+        assert got == stats.metrics(), (stats.batch_id, got)
+        assert got["rows"] == 80 and got["keys"] == len(users)
+        # one timer per key, fired in the batch; the fired ones left state, the counts stay
+        assert got["timers_registered"] == got["timers_fired"] == len(users)
+        assert got["state_rows"] == len(seen), (got, len(seen))
+        assert got["state_bytes"] > 0 and got["checkpoint_ms"] > 0
+        assert got["files_written"] >= 1  # each checkpoint names a changelog file of its own
+        if stats.batch_id > 0:
+            assert got["restores"] == 0  # each subtask kept its state in its Python worker

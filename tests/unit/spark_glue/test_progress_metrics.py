@@ -1,0 +1,68 @@
+"""A batch's metrics (spark_glue.stats) and the progress listener's bookkeeping
+(spark_glue.progress) without Spark; tests/spark/test_progress.py sees them in
+``query.lastProgress``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from spark_glue.progress import PENDING, ProgressMetrics, metric_name, row_schema
+from spark_glue.stats import METRICS, BatchStats
+
+
+def _result(index: int, rows: int, **metrics: int) -> dict:
+    return {"index": index, "rows": rows, "keys": rows // 2, "snapshot_s": 0.01 * (index + 1),
+            "restore_s": 0.5 if index == 0 else 0.0, "apply_s": 0.1, "attempt": 0,
+            "stage_attempt": 0, "node": "n", "chosen_by": "", "raylet_pid": "1",
+            "executor": "1", "metrics": metrics}
+
+
+def test_a_batch_s_metrics_sum_its_subtasks_and_name_every_metric():
+    results = [_result(0, 10, state_rows=7, state_bytes=100, timers_registered=3,
+                       timers_fired=2, ttl_evicted=1),
+               _result(1, 6, state_rows=5, state_bytes=50, timers_registered=0,
+                       timers_fired=1, ttl_evicted=0)]
+    stats = BatchStats.of(4, results, False, (0.0, 1.0, 1.25, 1.5), files_written=3)
+    m = stats.metrics()
+    assert tuple(m) == METRICS
+    assert m == {"rows": 16, "keys": 8, "state_rows": 12, "state_bytes": 150,
+                 "timers_registered": 3, "timers_fired": 3, "ttl_evicted": 1,
+                 "checkpoint_ms": 270.0, "files_written": 3, "restores": 1}
+    assert stats.batch_s == 1.5 and stats.commit_s == 0.25
+    assert BatchStats.done(5).metrics()["rows"] == 0  # a batch that did not run
+
+
+def test_the_row_schema_gives_each_value_the_java_type_py4j_sends():
+    schema = row_schema({"small": 5, "big": 1 << 40, "negative": -(1 << 31), "ms": 2.5})
+    assert [(f["name"], f["type"]) for f in schema["fields"]] == [
+        ("small", "integer"), ("big", "long"), ("negative", "integer"), ("ms", "double")]
+
+
+class _Session:
+    """What record() touches of a session: the thread's query id, the query manager."""
+
+    def __init__(self, query: str | None) -> None:
+        self.sparkContext = SimpleNamespace(getLocalProperty=lambda key: query)
+        self.listeners: list = []
+        self.streams = SimpleNamespace(addListener=self.listeners.append,
+                                       removeListener=self.listeners.remove)
+        self._jsparkSession = SimpleNamespace(streams=lambda: SimpleNamespace(
+            get=lambda q: object() if q == query else None))
+
+
+def test_batches_are_kept_for_their_query_s_progress_and_the_listener_registers_once():
+    spark = _Session("q-1")
+    pm = ProgressMetrics("job")
+    assert pm.name == metric_name("job") == "dstl-ray:job"
+    for b in range(PENDING + 5):
+        assert pm.record(spark, b, {"rows": b})
+    assert spark.listeners == [pm]  # once, with the session that runs the query
+    assert len(pm._pending) == PENDING and ("q-1", 4) not in pm._pending
+    pm.close()
+    assert spark.listeners == [] and not pm._pending
+
+
+def test_a_batch_outside_a_streaming_query_is_not_recorded():
+    spark = _Session(None)  # transform() called on a batch DataFrame of one's own
+    pm = ProgressMetrics("job")
+    assert not pm.record(spark, 0, {"rows": 1}) and spark.listeners == []
