@@ -16,13 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 SCHEMA = "user STRING, ts LONG"  # ts: event time, ms since the epoch
+COLUMNS = ("user", "start_ms", "end_ms", "events")  # a closed session, as the sink gets it
 
 
 @dataclass(frozen=True)
 class Sessions:
-    """The update and on_timer functions of session windows of ``gap_ms``."""
+    """The update and on_timer functions of session windows of ``gap_ms``: :meth:`update`
+    and :meth:`on_timer` for the per-key API, :meth:`update_frame` and
+    :meth:`on_timer_frame` for the vectorized one (``api="pandas"``; ``key`` is the key
+    column it groups a call's rows by)."""
 
     gap_ms: int
+    key: str = "user"
 
     def update(self, key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int, int]]:
         s, timers = state.value("session"), state.timers
@@ -49,6 +54,25 @@ class Sessions:
             return []
         s.clear()
         return [(key, cur[0], cur[1], cur[2])]
+
+
+    def update_frame(self, keys: Any, rows: Any, state: Any) -> Any:
+        """The vectorized API's update: :meth:`update` for each key of the call, on its
+        rows, through the key's view of its state and timers (a session is a run of one
+        key's events: there is no column-wise shortcut); the sessions it closed as one
+        pandas DataFrame of :data:`COLUMNS`."""
+        import pandas as pd
+
+        out: list[tuple[Any, int, int, int]] = []
+        for key, group in rows.groupby(self.key, sort=False):
+            out += self.update(key, group.to_dict("records"), state.key(key))
+        return pd.DataFrame(out, columns=list(COLUMNS))
+
+    def on_timer_frame(self, key: Any, timer: Any, state: Any) -> Any:
+        """The vectorized API's on_timer: :meth:`on_timer` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.on_timer(key, timer, state), columns=list(COLUMNS))
 
 
 def offline_sessions(events: Iterable[tuple[Any, int]], gap_ms: int
