@@ -44,7 +44,7 @@ from dstl_ray.state.ttl import StateTtlConfig
 from .initial import InitialState
 from .progress import ProgressMetrics
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
-from .sinks import BatchOutputs, Sink
+from .sinks import Outputs, Sink
 from .stats import BatchHistory, BatchStats
 from .ticks import drop_ticks
 from .timers import TIMERS_STATE
@@ -134,7 +134,8 @@ class KeyedStatefulOperator:
                  api: str = "rows", output_schema: Any = None,
                  on_timer: Callable[..., Any] | None = None, event_time: str | None = None,
                  allowed_delay: float = 0.0, on_missing_state: str = "fail",
-                 initial_state: Any = None) -> None:
+                 initial_state: Any = None, timer_output_schema: Any = None,
+                 timer_sink: Sink | None = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -159,10 +160,11 @@ class KeyedStatefulOperator:
         if local_dir is not None and (not isinstance(local_dir, str) or not local_dir):
             raise ConfigError(f"local_dir must be a directory path, got {local_dir!r}")
         self.state_backend, self.local_dir = state_backend, local_dir
-        self.outputs = BatchOutputs(api, output_schema, sink)
-        self.api, self.output_schema = api, output_schema
         if on_timer is not None and not callable(on_timer):
             raise ConfigError(f"on_timer must be callable, got {on_timer!r}")
+        self.outputs = Outputs(api, output_schema, sink, timer_output_schema, timer_sink,
+                               has_timers=on_timer is not None)
+        self.api, self.output_schema = api, output_schema
         if event_time is not None and (not isinstance(event_time, str) or not event_time):
             raise ConfigError(f"event_time must be a column name, got {event_time!r}")
         if isinstance(allowed_delay, bool) or not isinstance(allowed_delay, (int, float)) \
@@ -251,7 +253,8 @@ class KeyedStatefulOperator:
         """:meth:`process_batch`, returning the batch's outputs (a Spark DataFrame with an
         ``output_schema``), for a ``foreachBatch`` of your own that chains further work on
         them. They are the outputs of a complete checkpoint; a batch Spark replays gives
-        them again (use a :class:`~spark_glue.sinks.FileSink` for exactly-once files)."""
+        them again (use a :class:`~spark_glue.sinks.FileSink` for exactly-once files). With
+        a ``timer_output_schema``, the timers' are in ``op.outputs.last_timers``."""
         self.process_batch(df, batch_id)
         return self.last_outputs
 
@@ -304,7 +307,7 @@ class KeyedStatefulOperator:
                         allowed_delay_ms=self.allowed_delay_ms,
                         event_time_ms=snapshot_time(latest, "event_time_ms", max),
                         now_ms=now_ms, attempts=self._attempts,
-                        initial=point is not None)
+                        initial=point is not None, timer_outputs_apart=self.outputs.apart)
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)

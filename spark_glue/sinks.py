@@ -102,9 +102,16 @@ class FileSink:
 
 
 class BatchOutputs:
-    """The outputs of one operator's batches, shaped for its ``sink`` and handed to it."""
+    """The outputs of one operator's batches, shaped for its ``sink`` and handed to it:
+    those of the update function and of ``on_timer`` together (``of="all"``), or, when
+    timers have an output schema of their own, the update's (``"update"``) and the timers'
+    (``"timers"``) apart, each with its own schema and sink (:class:`Outputs`)."""
 
-    def __init__(self, api: str, output_schema: Any, sink: Sink | None) -> None:
+    def __init__(self, api: str, output_schema: Any, sink: Sink | None,
+                 of: str = "all") -> None:
+        # where a subtask's result (spark_glue.worker) has these outputs
+        self._rows, self._ipc = (("timer_outputs", "timer_ipc") if of == "timers"
+                                 else ("outputs", "output_ipc"))
         if api not in APIS:
             raise ConfigError(f"api must be one of {', '.join(APIS)}, got {api!r}")
         if sink is not None and not callable(sink):
@@ -136,11 +143,11 @@ class BatchOutputs:
         """The per-key API's outputs as one list, the vectorized API's as one pandas
         DataFrame (None: no output); with ``output_schema``, a Spark DataFrame of it."""
         if self.api == "rows":
-            rows = [o for r in results for o in r["outputs"]]
+            rows = [o for r in results for o in r[self._rows]]
             return rows if self.schema is None else spark.createDataFrame(rows, self.schema)
         from .vectorized import outputs_frame, outputs_table
 
-        table = outputs_table(p for r in results for p in r["output_ipc"])
+        table = outputs_table(p for r in results for p in r[self._ipc])
         if self.schema is None:
             return None if table is None else table.to_pandas()
         empty = spark.createDataFrame([], self.schema)  # the schema, parsed
@@ -150,3 +157,51 @@ class BatchOutputs:
 
         frame = outputs_frame(table, to_arrow_schema(empty.schema))
         return spark.createDataFrame(frame, empty.schema)
+
+
+class Outputs:
+    """An operator's outputs: the update function's and ``on_timer``'s together, shaped by
+    ``output_schema`` for ``sink``; or, with a ``timer_output_schema``, the timers' apart,
+    shaped by it for ``timer_sink`` (None: kept in ``last_timers`` only). Either sink may be
+    a :class:`FileSink`; a replayed batch counts as delivered only when every sink holds
+    it."""
+
+    def __init__(self, api: str, output_schema: Any, sink: Sink | None,
+                 timer_output_schema: Any = None, timer_sink: Sink | None = None,
+                 has_timers: bool = False) -> None:
+        if timer_sink is not None and timer_output_schema is None:
+            raise ConfigError("timer_sink needs a timer_output_schema (without one, the "
+                              "timers' outputs go to sink with the update's)")
+        if timer_output_schema is not None and not has_timers:
+            raise ConfigError("timer_output_schema needs on_timer (the operator has no "
+                              "timers' outputs to shape)")
+        apart = timer_output_schema is not None
+        self.update = BatchOutputs(api, output_schema, sink, "update" if apart else "all")
+        self.timers = BatchOutputs(api, timer_output_schema, timer_sink, "timers") \
+            if apart else None
+        self.last: Any = None  # the last batch's, as the sinks got them
+        self.last_timers: Any = None
+
+    @property
+    def apart(self) -> bool:
+        """Whether the timers' outputs go apart from the update's."""
+        return self.timers is not None
+
+    def shape(self, results: list[dict[str, Any]], spark: Any) -> tuple[Any, Any]:
+        """(the update's outputs, the timers' or None), each shaped for its sink."""
+        return (self.update.shape(results, spark),
+                self.timers.shape(results, spark) if self.timers else None)
+
+    def deliver(self, batch_id: int, shaped: tuple[Any, Any]) -> Any:
+        """Hand a batch's shaped outputs to the sinks, the update's first; returns the
+        update's."""
+        self.last = self.update.deliver(batch_id, shaped[0])
+        if self.timers is not None:
+            self.last_timers = self.timers.deliver(batch_id, shaped[1])
+        return self.last
+
+    def delivered(self, spark: Any, batch_id: int) -> bool:
+        """Whether every sink holds batch ``batch_id`` for good (see
+        :meth:`BatchOutputs.delivered`)."""
+        return self.update.delivered(spark, batch_id) and (
+            self.timers is None or self.timers.delivered(spark, batch_id))

@@ -87,6 +87,8 @@ class TaskSpec:
     # restore_url is the operator's initial_state (another job's checkpoint): the restored
     # state is materialized into the job's own files before the batch's snapshot
     initial: bool = False
+    # the timers' outputs go apart from the update's (the operator's timer_output_schema)
+    timer_outputs_apart: bool = False
 
 
 @dataclass
@@ -288,6 +290,8 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     holds: int | None = None
     outputs: list[Any] = []
     output_ipc: list[bytes | None] = []
+    timer_outputs: list[Any] = []  # the timers', when they go apart from the update's
+    timer_ipc: list[bytes | None] = []
     try:
         ttl = dict(spec.state_ttl)
         timers, seen = timer_context(spec, entry, groups)
@@ -298,8 +302,11 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
             outputs = apply_rows(spec.update, groups, backend, ttl, timers)
         if timers is not None:
             fired = fire_timers(spec, timers, backend, ttl)
-            if spec.api == "pandas":
-                output_ipc.append(outputs_to_ipc(fired) if fired else None)
+            ipc = outputs_to_ipc(fired) if fired and spec.api == "pandas" else None
+            if spec.timer_outputs_apart:
+                timer_outputs, timer_ipc = (fired, []) if spec.api == "rows" else ([], [ipc])
+            elif spec.api == "pandas":
+                output_ipc.append(ipc)
             else:
                 outputs.extend(fired)
         t1 = time.perf_counter()
@@ -316,8 +323,8 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         release(entry, holds, attempt_id)
     yield {
         "index": index, "attempt_id": attempt_id, "snapshot": json.dumps(snap.to_dict()),
-        "outputs": outputs,
-        "output_ipc": output_ipc, "rows": groups.rows, "keys": len(groups.keys),
+        "outputs": outputs, "output_ipc": output_ipc, "timer_outputs": timer_outputs,
+        "timer_ipc": timer_ipc, "rows": groups.rows, "keys": len(groups.keys),
         "attempt": attempt, "stage_attempt": stage_attempt, "read_s": t_read,
         "restore_s": restore_s, "apply_s": t1 - t0 - restore_s - t_read, "snapshot_s": t2 - t1,
         "node": client.node_name, "chosen_by": getattr(client.transport, "chosen_by", ""),

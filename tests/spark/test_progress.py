@@ -1,7 +1,9 @@
 """The operator's numbers where Spark users look (issue 30 item 6): each micro-batch's rows,
 keys, state entries and bytes, timers registered and fired, checkpoint ms, files written and
 restores are an observed metric of the query's progress, in ``query.lastProgress`` and
-``recentProgress`` (spark_glue.progress), equal to what the operator recorded."""
+``recentProgress`` (spark_glue.progress), equal to what the operator recorded. The same
+stream's timers have an output schema of their own (issue 30 item 8): their outputs go to a
+file sink of their own, the update's to another."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 
 from pyspark import cloudpickle
 
-from spark_glue import KeyedStatefulOperator
+from spark_glue import FileSink, KeyedStatefulOperator
 from spark_glue.progress import metric_name
 
 from .test_stateful_operator import SCHEMA, write_events
@@ -23,21 +25,26 @@ def count_with_a_timer(key, rows, state):
     c = state.value("count")
     c.set(c.get(0) + len(rows))
     state.timers.register_processing_time(state.timers.now)  # due in this very batch
-    return []
+    return [(key, c.get())]
 
 
-def nothing(key, timer, state):
-    return []
+def fired_at(key, timer, state):
+    return [(key, timer.time_ms, timer.domain)]
 
 
-def test_each_batch_s_metrics_are_in_the_query_s_progress(spark, tree_factory, namespace,
-                                                          tmp_path):
+def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_own(
+        spark, tree_factory, namespace, tmp_path):
     tree_factory(persist_delay_s=0.02)
     src = tmp_path / "in"
     write_events(src, 3, 80, seed=12)
+    out = tmp_path / "out"
     op = KeyedStatefulOperator("progress", key="user", update=count_with_a_timer,
-                               on_timer=nothing, namespace=namespace, parallelism=2,
-                               max_parallelism=32, materialization_interval=0.0)
+                               on_timer=fired_at, namespace=namespace, parallelism=2,
+                               max_parallelism=32, materialization_interval=0.0,
+                               output_schema="user STRING, count LONG",
+                               sink=FileSink(str(out / "counts")),
+                               timer_output_schema="user STRING, at LONG, domain STRING",
+                               timer_sink=FileSink(str(out / "timers")))
     q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
          .writeStream.foreachBatch(op).option("checkpointLocation", str(tmp_path / "chk"))
          .start())
@@ -70,3 +77,10 @@ def test_each_batch_s_metrics_are_in_the_query_s_progress(spark, tree_factory, n
         assert got["files_written"] >= 1  # each checkpoint names a changelog file of its own
         if stats.batch_id > 0:
             assert got["restores"] == 0  # each subtask kept its state in its Python worker
+    # the update's outputs and the timers' went to their own sinks, each in its own schema
+    counts = spark.read.parquet(str(out / "counts"))
+    timers = spark.read.parquet(str(out / "timers"))
+    assert counts.columns == ["user", "count"] and timers.columns == ["user", "at", "domain"]
+    fired = sum(s.metrics()["timers_fired"] for s in op.history)
+    assert counts.count() == timers.count() == fired  # one output and one timer per key
+    assert {r["domain"] for r in timers.collect()} == {"processing"}

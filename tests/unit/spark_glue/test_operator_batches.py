@@ -23,7 +23,7 @@ from spark_glue.initial import InitialState
 from spark_glue.operator import KeyedStatefulOperator, is_replay
 from spark_glue.progress import ProgressMetrics
 from spark_glue.replay import missing_state
-from spark_glue.sinks import BatchOutputs
+from spark_glue.sinks import Outputs
 from spark_glue.stats import BatchHistory, BatchStats
 
 JOB = "op-batches"
@@ -99,7 +99,7 @@ class Driver:
         op.state_ttl = ()
         op.state_backend, op.local_dir = "heap", None
         op.api, op.output_schema = "rows", None
-        op.outputs = BatchOutputs("rows", None, None)
+        op.outputs = Outputs("rows", None, None)
         op.on_timer, op.event_time, op.allowed_delay_ms = None, None, 0
         op._attempts, op._replay_time = (), {}
         op._ttl_names_checked = False
@@ -323,7 +323,7 @@ def test_a_replay_the_sink_already_holds_is_not_recomputed(tmp_path):
     """Review of issue 30 item 1: a replayed batch whose outputs a file sink had logged was
     recomputed (its checkpoint dropped): state could then differ from the logged outputs."""
     drv = Driver(tmp_path)
-    sink = drv.op.outputs.sink = _LoggedSink()
+    sink = drv.op.outputs.update.sink = _LoggedSink()
     for b in range(3):
         drv.op.process_batch(None, b)
     st = drv.op.process_batch(None, 2)  # Spark replays its last batch
