@@ -36,7 +36,7 @@ def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_o
         spark, tree_factory, namespace, tmp_path):
     tree_factory(persist_delay_s=0.02)
     src = tmp_path / "in"
-    write_events(src, 3, 80, seed=12)
+    write_events(src, 2, 80, seed=12)
     out = tmp_path / "out"
     op = KeyedStatefulOperator("progress", key="user", update=count_with_a_timer,
                                on_timer=fired_at, namespace=namespace, parallelism=2,
@@ -53,7 +53,7 @@ def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_o
         q.processAllAvailable()
         deadline = time.time() + 30  # the listener hears of a batch just after it
         while time.time() < deadline and not all(
-                name in p["observedMetrics"] for p in q.recentProgress
+                name in p.get("observedMetrics", {}) for p in q.recentProgress
                 if p["numInputRows"] > 0):
             time.sleep(0.2)
         progress = {p["batchId"]: p for p in q.recentProgress if p["numInputRows"] > 0}
@@ -61,22 +61,23 @@ def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_o
     finally:
         q.stop()
         op.close()
-    assert sorted(progress) == [0, 1, 2], sorted(progress)
-    assert last["batchId"] == 2 and last["observedMetrics"][name] == op.history[-1].metrics()
-    seen: set[str] = set()
-    for f, stats in zip(sorted(src.glob("f*.json")), op.history, strict=True):
-        users = {json.loads(line)["user"] for line in f.read_text().splitlines()}
-        seen |= users
-        got = progress[stats.batch_id].get("observedMetrics", {}).get(name)
-        assert got == stats.metrics(), (stats.batch_id, got)
-        assert got["rows"] == 80 and got["keys"] == len(users)
-        # one timer per key, fired in the batch; the fired ones left state, the counts stay
-        assert got["timers_registered"] == got["timers_fired"] == len(users)
-        assert got["state_rows"] == len(seen), (got, len(seen))
-        assert got["state_bytes"] > 0 and got["checkpoint_ms"] > 0
-        assert got["files_written"] >= 1  # each checkpoint names a changelog file of its own
-        if stats.batch_id > 0:
-            assert got["restores"] == 0  # each subtask kept its state in its Python worker
+    assert sorted(progress) == [0, 1], sorted(progress)
+    assert last["batchId"] == 1 and last["observedMetrics"][name] == op.history[-1].metrics()
+    # (which file each batch read is Spark's choice: compared as multisets)
+    users = [{json.loads(line)["user"] for line in f.read_text().splitlines()}
+             for f in sorted(src.glob("f*.json"))]
+    shown = [progress[s.batch_id].get("observedMetrics", {}).get(name) for s in op.history]
+    assert shown == [s.metrics() for s in op.history], shown
+    assert sorted(m["keys"] for m in shown) == sorted(len(u) for u in users)
+    for m in shown:
+        assert m["rows"] == 80
+        # one timer per key, fired in the batch: the fired ones left state, the counts stay
+        assert m["timers_registered"] == m["timers_fired"] == m["keys"]
+        assert m["state_bytes"] > 0 and m["checkpoint_ms"] > 0
+        assert m["files_written"] >= 1  # each checkpoint names a changelog file of its own
+    assert [m["state_rows"] for m in shown] == sorted(m["state_rows"] for m in shown)
+    assert shown[-1]["state_rows"] == len(set().union(*users))  # a count per user ever seen
+    assert shown[1]["restores"] == 0  # the subtasks kept their state
     # the update's outputs and the timers' went to their own sinks, each in its own schema
     counts = spark.read.parquet(str(out / "counts"))
     timers = spark.read.parquet(str(out / "timers"))
