@@ -10,7 +10,12 @@ the harness allows tree-wide faults (``TREE_WIDE_GRACE_S``) and ``W`` 30 s (quic
 fault's ratio is p50(after) / p50(before). A fault counts only if no other fault (from its
 start to its end plus ``H``) falls in either window and each window holds at least
 ``MIN_SAMPLES`` checkpoints: the harness waits around the faults it measures so that they
-do. A kind's ratio is the MAX over its counted faults (the median is reported next to it).
+do. A kind's ratio is the median of its counted faults' p50s after over the median of their
+p50s before: a slowdown that stays after recovery shows in every window after, while on
+two shared cores a single 30 s window's p50 wanders by +-20% with nothing wrong (one
+``dfs_torn`` of a full run's first episode: 19.5 ms before, 23.8 ms after, and 23.8 ms
+before the next fault too). The worst single fault's ratio and the median of the faults'
+ratios are reported next to it.
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ def recovery_ratios(faults: list[dict[str, Any]], series: list[list[float]], win
 
 
 def ratios_by_kind(episodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per fault kind: how many of its faults counted, the max and median ratio."""
+    """Per fault kind: how many of its faults counted, its ratio (see the module), the
+    worst single fault's and the median of the faults' ratios."""
     kinds: dict[str, list[dict[str, Any]]] = {}
     for r in episodes:
         for e in r.get("recovery", []):
@@ -73,11 +79,13 @@ def ratios_by_kind(episodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for kind, entries in sorted(kinds.items()):
         counted = [e for e in entries if "ratio" in e]
         ratios = [e["ratio"] for e in counted]
+        before = _median([e["before_p50_ms"] for e in counted])
+        after = _median([e["after_p50_ms"] for e in counted])
         out[kind] = {"faults": len(entries), "counted": len(counted),
-                     "ratio_max": max(ratios) if ratios else None,
+                     "ratio": round(after / before, 3) if ratios else None,
+                     "worst_fault_ratio": max(ratios) if ratios else None,
                      "ratio_median": round(statistics.median(ratios), 3) if ratios else None,
-                     "before_p50_ms": _median([e["before_p50_ms"] for e in counted]),
-                     "after_p50_ms": _median([e["after_p50_ms"] for e in counted])}
+                     "before_p50_ms": before, "after_p50_ms": after}
     return out
 
 
@@ -116,7 +124,7 @@ def report(args: Any, episodes: list[dict[str, Any]], seconds: float,
     totals = {k: sum(r.get(k, 0) for r in episodes) for k in TOTALS + LIFE_TOTALS}
     totals.update({k: v for k, v in run_totals.items() if isinstance(v, int)})
     ratios = ratios_by_kind(episodes)
-    by_kind_max = {k: v["ratio_max"] for k, v in ratios.items() if v["ratio_max"] is not None}
+    by_kind_max = {k: v["ratio"] for k, v in ratios.items() if v["ratio"] is not None}
     ratio_max = max(by_kind_max.values(), default=None)
     data = {"seed": args.seed, "quick": args.quick, "seconds": round(seconds, 1),
             "faults_injected": sum(by_kind.values()), "faults_by_kind": dict(by_kind),
@@ -124,9 +132,10 @@ def report(args: Any, episodes: list[dict[str, Any]], seconds: float,
             "recovery_latency_ratio_max": ratio_max,
             "recovery_latency_ratio_by_kind": by_kind_max,
             "recovery_latency_ratio_statistic": (
-                "per kind, the max over its counted faults of p50(other job's checkpoint ms "
-                f"in [end + {args.heal_s:g} s, + {args.window_s:g} s)) / p50(in the "
-                f"{args.window_s:g} s before the fault); the _max is the max over kinds"),
+                "per kind, the median over its counted faults of p50(other job's checkpoint "
+                f"ms in [end + {args.heal_s:g} s, + {args.window_s:g} s)) over the median "
+                f"of p50(in the {args.window_s:g} s before the fault); the _max is the max "
+                "over kinds (each kind's worst single fault: recovery_latency_by_kind)"),
             "recovery_latency_by_kind": ratios,
             "peak_rss_mb": {k: max((r.get(f"peak_rss_mb_{k}", 0) for r in episodes),
                                    default=0) for k in ("node_actors", "subtasks")},
@@ -162,9 +171,10 @@ def _figure(data: dict[str, Any], by_kind: Counter, ratios: dict[str, dict[str, 
            f"{data['changes_verified']:,} changes verified, {data['changes_lost']} lost, "
            f"{data['leaked_files']} leaked files")
     ax.tick_params(axis="x", rotation=45)
-    measured = [k for k in kinds if ratios.get(k, {}).get("ratio_max") is not None]
-    bx.bar(measured, [ratios[k]["ratio_max"] for k in measured], label="max")
-    bx.plot(measured, [ratios[k]["ratio_median"] for k in measured], "k.", label="median")
+    measured = [k for k in kinds if ratios.get(k, {}).get("ratio") is not None]
+    bx.bar(measured, [ratios[k]["ratio"] for k in measured], label="kind")
+    bx.plot(measured, [ratios[k]["worst_fault_ratio"] for k in measured], "k.",
+            label="worst fault")
     bx.axhline(RATIO_LIMIT, color="r", lw=1, ls="--", label=f"{RATIO_LIMIT}")
     bx.set(ylabel="p50 after recovery / p50 before",
            title="other job's checkpoint latency after recovery")
