@@ -89,7 +89,7 @@ from .chaos_job import (
     Subtask,
     list_job_files,
 )
-from .chaos_report import read_back, recovery_ratios, report
+from .chaos_report import drift, read_back, recovery_ratios, report
 from .common import parser
 
 LIFE_MEASURED = 3  # per kind of a job's life and storage, in full runs
@@ -244,6 +244,7 @@ class Harness:
         res["faults"] = faults
         res["recovery"] = recovery_ratios(faults, res["other_job_checkpoint_ms"], window,
                                           heal)
+        res["drift"] = drift(res["other_job_checkpoint_ms"], window)
         res["faults_by_kind"] = dict(res["faults_by_kind"])
         return res
 

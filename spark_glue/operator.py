@@ -328,7 +328,11 @@ class KeyedStatefulOperator:
             if new is not None else 0
         stats = BatchStats.of(batch_id, results, replayed, (t0, t1, t2, t3), written)
         self.history.append(stats)
-        self.progress.record(spark, batch_id, stats.metrics())
+        try:  # the batch is done: its metrics never fail it
+            self.progress.record(spark, batch_id, stats.metrics())
+        except Exception as e:  # noqa: BLE001
+            log.warning("job %r: batch %d's metrics are not in the query's progress: %s",
+                        self.job_id, batch_id, e)
         return stats
 
     def _run(self, df: Any, spec: TaskSpec) -> list[dict[str, Any]]:

@@ -47,6 +47,13 @@ def row_schema(metrics: dict[str, int | float]) -> dict[str, Any]:
         for k, v in metrics.items()]}
 
 
+def _plain(v: Any) -> int | float:
+    """``v`` as a Python int or float (a bool or numpy number as py4j cannot send it in
+    the row's type)."""
+    return float(v) if isinstance(v, float) or type(v).__name__.startswith("float") \
+        else int(v)
+
+
 def _owner(query: str, spark: Any) -> Any:
     """The session among ``spark``, the thread's active one and the default one whose
     query manager runs ``query`` (None: none of them)."""
@@ -76,6 +83,7 @@ class ProgressMetrics(StreamingQueryListener):
         query = spark.sparkContext.getLocalProperty(QUERY_ID)
         if not query:
             return False
+        metrics = {k: _plain(v) for k, v in metrics.items() if v is not None}
         with self._lock:
             if self._spark is None:
                 owner = _owner(query, spark)

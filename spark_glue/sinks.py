@@ -175,6 +175,11 @@ class Outputs:
         if timer_output_schema is not None and not has_timers:
             raise ConfigError("timer_output_schema needs on_timer (the operator has no "
                               "timers' outputs to shape)")
+        if isinstance(sink, FileSink) and isinstance(timer_sink, FileSink) and \
+                sink.path.rstrip("/") == timer_sink.path.rstrip("/"):
+            raise ConfigError(f"sink and timer_sink write to one directory ({sink.path}): "
+                              f"its _spark_metadata log holds one entry per batch, so the "
+                              f"timers' files would be skipped as already written")
         apart = timer_output_schema is not None
         self.update = BatchOutputs(api, output_schema, sink, "update" if apart else "all")
         self.timers = BatchOutputs(api, timer_output_schema, timer_sink, "timers") \
@@ -202,6 +207,8 @@ class Outputs:
 
     def delivered(self, spark: Any, batch_id: int) -> bool:
         """Whether every sink holds batch ``batch_id`` for good (see
-        :meth:`BatchOutputs.delivered`)."""
+        :meth:`BatchOutputs.delivered`; timers' outputs with no sink of their own are held
+        nowhere, so they do not ask for a recomputation)."""
         return self.update.delivered(spark, batch_id) and (
-            self.timers is None or self.timers.delivered(spark, batch_id))
+            self.timers is None or self.timers.sink is None
+            or self.timers.delivered(spark, batch_id))

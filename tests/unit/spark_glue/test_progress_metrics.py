@@ -56,8 +56,15 @@ def test_batches_are_kept_for_their_query_s_progress_and_the_listener_registers_
     assert pm.name == metric_name("job") == "dstl-ray:job"
     for b in range(PENDING + 5):
         assert pm.record(spark, b, {"rows": b})
+    # values as py4j sends them in the row's types: a bool or numpy number made plain
+    import numpy as np
+    assert pm.record(spark, 0, {"ok": True, "n": np.int64(3), "ms": np.float32(1.5),
+                                "none": None})
+    assert pm._pending[("q-1", 0)] == {"ok": 1, "n": 3, "ms": 1.5}
+    assert [type(v) for v in pm._pending[("q-1", 0)].values()] == [int, int, float]
     assert spark.listeners == [pm]  # once, with the session that runs the query
     assert len(pm._pending) == PENDING and ("q-1", 4) not in pm._pending
+    assert ("q-1", 0) in pm._pending  # recorded again last
     pm.close()
     assert spark.listeners == [] and not pm._pending
 

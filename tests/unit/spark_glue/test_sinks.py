@@ -91,3 +91,15 @@ def test_timer_outputs_options_are_checked():
         Outputs("rows", None, None, timer_output_schema="k STRING")
     assert Outputs("pandas", None, None, timer_output_schema="k STRING", has_timers=True,
                    timer_sink=FileSink("/t")).apart  # a file sink of the timers' own
+
+
+def test_one_directory_for_both_sinks_is_refused_and_timers_without_a_sink_hold_nothing():
+    with pytest.raises(ConfigError, match="sink and timer_sink write to one directory"):
+        Outputs("rows", "k STRING", FileSink("/out/x"), timer_output_schema="k STRING",
+                timer_sink=FileSink("/out/x/"), has_timers=True)
+    update = _Logged()
+    outputs = Outputs("rows", None, update, timer_output_schema="k STRING", has_timers=True)
+    outputs.deliver(4, ([("a", 1)], None))
+    # the update's sink holds the batch, the timers' outputs are held nowhere: a replay of
+    # it is done, not recomputed
+    assert outputs.delivered(None, 4) and not outputs.delivered(None, 5)
