@@ -248,12 +248,17 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
         gen.join()
         say("[demo] input stopped; draining the stream")
         q.processAllAvailable()
-        time.sleep(1.0)  # the last batch's progress event reaches the listener
-        q.stop()
         h = op.history
-        # each batch's metrics, as Spark users see them: in the query's progress
-        shown = [p["observedMetrics"][op.progress.name] for p in q.recentProgress
-                 if op.progress.name in p.get("observedMetrics", {})]
+
+        def shown() -> list[dict[str, Any]]:  # each batch's metrics in the query's progress
+            return [p["observedMetrics"][op.progress.name] for p in q.recentProgress
+                    if op.progress.name in p.get("observedMetrics", {})]
+
+        deadline = time.time() + 10  # the last batch's progress event reaches the listener
+        while time.time() < deadline and (not shown() or h and shown()[-1] != h[-1].metrics()):
+            time.sleep(0.2)
+        q.stop()
+        shown_metrics = shown()
         recovery_s = None
         if fail_at is not None:
             after = [s for s in h if s.finished_at > fail_at]
@@ -294,8 +299,8 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             "metrics": totals(h),  # the operator's counts (spark_glue.stats)
             # query.lastProgress["observedMetrics"]: the last batch's, and how many of the
             # progress updates Spark keeps (recentProgress) carried them
-            "last_progress_metrics": shown[-1] if shown else None,
-            "progress_updates_with_metrics": len(shown),
+            "last_progress_metrics": shown_metrics[-1] if shown_metrics else None,
+            "progress_updates_with_metrics": len(shown_metrics),
             **sessions,
         }
         op.close()

@@ -64,7 +64,7 @@ class Sessions:
         import pandas as pd
 
         out: list[tuple[Any, int, int, int]] = []
-        for key, group in rows.groupby(self.key, sort=False):
+        for key, group in rows.groupby(self.key, sort=False, dropna=False):
             out += self.update(key, group.to_dict("records"), state.key(key))
         return pd.DataFrame(out, columns=list(COLUMNS))
 

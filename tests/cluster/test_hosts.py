@@ -110,8 +110,10 @@ def test_a_job_on_healthy_hosts_declines_nothing_while_another_host_is_partition
         time.sleep(4)
         t0 = time.time()
         hosts.partition(victim)
-        time.sleep(8)
-        hosts.heal(victim)
+        try:
+            time.sleep(8)
+        finally:  # the hosts are the session's: later tests need this one back
+            hosts.heal(victim)
         t1 = time.time()
         out, err = proc.communicate(timeout=240)
     finally:
