@@ -313,7 +313,7 @@ def test_children_reach_their_parent_by_lane(tree_factory, namespace, tmp_path, 
     (dstl_ray.transport.lane), opened in the background after the first Ray call; the data
     is the same either way. With local_lane=off: Ray calls only."""
     tree = tree_factory(base=f"file://{tmp_path}/dfs", branching_factor=2,
-                        persist_delay_s=3.0, flush_bytes=1 << 20, local_lane=lane)
+                        persist_delay_s=1.0, flush_bytes=1 << 20, local_lane=lane)
     status = tree.status()
     leaf = next(s for s in status if s["level"] == max(x["level"] for x in status))
     actors = place_writers("bylane", namespace, [s["node_id"] for s in status], per_node=1)
