@@ -102,12 +102,12 @@ def test_a_job_on_healthy_hosts_declines_nothing_while_another_host_is_partition
     every change reads back."""
     h0, h1, victim = hosts.hosts
     proc = hosts.popen(h0, [sys.executable, "-c", PARTITION_DRIVER, hosts.address,
-                            f"file://{tmp_path}/dfs", f"{h0.ip},{h1.ip}", "24"],
+                            f"file://{tmp_path}/dfs", f"{h0.ip},{h1.ip}", "18"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         ready = proc.stdout.readline()
         assert ready.startswith("READY"), ready + proc.stderr.read()[-3000:]
-        time.sleep(4)
+        time.sleep(3)
         t0 = time.time()
         hosts.partition(victim)
         try:

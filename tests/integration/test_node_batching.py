@@ -122,9 +122,9 @@ def test_restarted_node_relearns_its_writers(tree_factory, namespace, tmp_path):
     for w in writers:
         w.append(0, b"x")
     # the first checkpoint after the restart may wait for the delay (or fail over)...
-    for w in writers:
+    for f in [w.persist_durably(0) for w in writers]:
         try:
-            w.persist_durably(0).result(timeout=30)
+            f.result(timeout=30)
         except PersistError:
             pass
     assert status()["writers"] == 3

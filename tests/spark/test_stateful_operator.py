@@ -8,6 +8,7 @@ gone fails until told to start over."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import sys
@@ -28,13 +29,19 @@ SCHEMA = "user STRING, amount LONG"
 
 
 def write_events(folder: Path, n_files: int, per_file: int, seed: int, start: int = 0) -> None:
+    """``n_files`` files of events, in name order also by modification time, which is the
+    order Spark's file source takes them in (files written within one tick of the kernel's
+    clock have equal times and come in directory order)."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
     for i in range(start, start + n_files):
         lines = [json.dumps({"user": f"u{rng.randint(0, 60)}", "amount": rng.randint(1, 100)})
                  for _ in range(per_file)]
         tmp = folder / f".f{i:04d}.tmp"
         tmp.write_text("\n".join(lines) + "\n")
+        t = t0 + 0.01 * (i - start)
+        os.utime(tmp, (t, t))
         tmp.rename(folder / f"f{i:04d}.json")
 
 

@@ -48,12 +48,12 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
                                                                  namespace):
     tree_factory(persist_delay_s=0.02)
     # the route values computed in Python are the ones Spark's hash partitioning places
-    for p in range(1, 10):
+    for p in (1, 2, 3, 7):
         got = spark.createDataFrame([(v,) for v in route_values(p)], "v INT").selectExpr(
             f"pmod(hash(v), {p}) AS part").collect()
         assert [r.part for r in got] == list(range(p))
     batches = [[(f"u{(i * 7) % 40}", i % 13) for i in range(b * 300, b * 300 + 300)]
-               for b in range(3)]
+               for b in range(2)]
     batches.insert(1, [])  # an empty micro-batch: every subtask still checkpoints
     sunk: dict[int, list] = {}
     vec = KeyedStatefulOperator("vec", key="user", update=vectorized, api="pandas",
@@ -75,7 +75,7 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
             assert stats.rows == len(data)
             assert stats.retries == (1 if data else 0)  # u7's task, failed half-way once
         assert vec.state() == want == rows.state()
-        assert sorted(sunk) == [0, 1, 2, 3] and sunk[1] == []
+        assert sorted(sunk) == [0, 1, 2] and sunk[1] == []
         last = {r["user"]: (r["count"], r["sum"]) for b in sorted(sunk) for r in sunk[b]}
         assert last == {u: (c, None if u == "u0" else want["sum"][u])
                         for u, c in want["count"].items()}
