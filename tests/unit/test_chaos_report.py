@@ -53,3 +53,28 @@ def test_drift_compares_an_episodes_last_window_with_its_first_after_warm_up():
     assert drift(warm + steady + slower, 5.0) == 2.5
     assert drift(warm + steady[:5], 5.0) is None  # shorter than three windows
     assert drift([], 5.0) is None
+
+
+def test_a_fault_s_ratio_is_to_the_episode_s_baseline_not_to_the_window_before_it():
+    """The other job's p50 flips between two modes from window to window (where its
+    subtasks landed): after a fault that happened to leave it fast, the next fault's window
+    before is fast too, and a ratio to it looked like a 1.4x slowdown."""
+    def window(t0: float, ms: float) -> list[list[float]]:
+        return [[t0 + i / 2, ms] for i in range(20)]  # 10 s of checkpoints
+
+    # four faults, back to back as the harness keeps them: each one's window after is the
+    # next one's window before; p50s 20, 14, 20, 20, 20 from window to window
+    series = (window(0, 20.0) + window(10, 14.0) + window(20, 20.0) + window(30, 20.0)
+              + window(40, 20.0))
+    faults = [{"kind": k, "start_s": 10.0 * (i + 1) - 0.0, "end_s": 10.0 * (i + 1)}
+              for i, k in enumerate(("writer_kill", "coordinator_restart", "dfs_slow",
+                                     "dfs_torn"))]
+    # windows: before [s - 10, s), after [e + 0, e + 10) with heal 0 and W 10 s
+    got = recovery_ratios(faults, series, window_s=10.0, heal_s=0.0)
+    assert [e["ratio_to_before"] for e in got] == [0.7, 1.429, 1.0, 1.0], got
+    assert {e["baseline_ms"] for e in got} == {20.0}  # the median of 20, 14, 20, 20
+    assert [e["ratio"] for e in got] == [0.7, 1.0, 1.0, 1.0]
+    # a slowdown after every fault of a kind still shows: its windows after stay slow
+    slow = window(0, 20.0) + window(10, 30.0)
+    (e,) = recovery_ratios([faults[0]], slow, window_s=10.0, heal_s=0.0)
+    assert e["ratio"] == 1.5
