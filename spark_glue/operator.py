@@ -209,7 +209,6 @@ class KeyedStatefulOperator:
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
         self.progress = ProgressMetrics(job_id)  # batch metrics in query.lastProgress
-        self.last_outputs: Any = None  # the last batch's, as the sink got them
 
     # ------------------------------------------------------------------ batches
 
@@ -245,6 +244,11 @@ class KeyedStatefulOperator:
         if not 0 < p <= self.max_parallelism:
             raise ConfigError(f"parallelism must be in 1..{self.max_parallelism}, got {p}")
         return p
+
+    @property
+    def last_outputs(self) -> Any:
+        """The last batch's outputs, as the sink got them (kept by :attr:`outputs`)."""
+        return self.outputs.last
 
     def __call__(self, df: Any, batch_id: int) -> None:
         self.process_batch(df, batch_id)
@@ -321,7 +325,7 @@ class KeyedStatefulOperator:
             raise
         self._attempts = tuple(r["attempt_id"] for r in results)
         self._check_ttl_names(snaps)
-        self.last_outputs = self.outputs.deliver(batch_id, outputs)
+        self.outputs.deliver(batch_id, outputs)
         t3 = time.perf_counter()
         new = cc.latest_checkpoint()
         written = len(new.files.keys() - (latest.files.keys() if latest else set())) \
