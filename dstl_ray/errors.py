@@ -70,6 +70,11 @@ class StateError(DstlError, ValueError):
     """Keyed state misuse: unknown or mismatched state, a value the serializer cannot encode."""
 
 
+class SchemaError(StateError):
+    """A state's declared type cannot change as asked (its stored values could not be read
+    with the new one): the message names the state, both schemas and what breaks."""
+
+
 class LocalStateError(StateError):
     """The local working copy of a state table failed: its directory could not be made, the
     disk is full, an I/O error, or the table was used after it was closed. The message names

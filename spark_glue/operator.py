@@ -32,7 +32,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dstl_ray.checkpoint.coordinator import CheckpointCoordinator
@@ -42,9 +42,11 @@ from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .initial import InitialState
+from .initial_frame import InitialFrame, is_frame
 from .progress import ProgressMetrics
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
 from .sinks import Outputs, Sink
+from .state_shapes import check_against, drop_spec, schema_spec
 from .stats import BatchHistory, BatchStats
 from .ticks import drop_ticks
 from .timers import TIMERS_STATE
@@ -107,6 +109,9 @@ class KeyedStatefulOperator:
     checkpoint already names is refused (:class:`~dstl_ray.errors.StateError`): its stored
     values carry timestamps or they do not.
 
+    ``state_schema`` maps state names to types (Spark DDL or pyarrow), which may evolve
+    between runs; ``drop_state`` lists states to remove (:mod:`spark_glue.state_shapes`).
+
     ``state_backend`` picks where each subtask keeps its state: ``"heap"`` (Python dicts,
     the default) or ``"rocksdb"`` (a local RocksDB per subtask, in a working directory under
     ``local_dir`` on the executor, default its temp directory: state larger than memory,
@@ -115,7 +120,8 @@ class KeyedStatefulOperator:
     ``initial_state`` starts the job from another job's checkpoint or savepoint (a URL or
     path, a job id on the tree, or an operator: :mod:`spark_glue.initial`) at any
     parallelism, whenever the job has no complete checkpoint of its own; resolved once and
-    pinned, its files never written or deleted.
+    pinned, its files never written or deleted. Or from a DataFrame of the key column and
+    one column per value state, loaded in batch 0 (:mod:`spark_glue.initial_frame`).
 
     ``on_missing_state`` says what a batch ``n > 0`` does when the job has no complete
     checkpoint ``n - 1`` (or ``n``, a replay): ``"fail"`` (the default) raises
@@ -135,7 +141,9 @@ class KeyedStatefulOperator:
                  on_timer: Callable[..., Any] | None = None, event_time: str | None = None,
                  allowed_delay: float = 0.0, on_missing_state: str = "fail",
                  initial_state: Any = None, timer_output_schema: Any = None,
-                 timer_sink: Sink | None = None) -> None:
+                 timer_sink: Sink | None = None,
+                 state_schema: Mapping[str, Any] | None = None,
+                 drop_state: Sequence[str] | None = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -154,6 +162,8 @@ class KeyedStatefulOperator:
             raise ConfigError(f"history_limit must be an int >= 1 or None (unbounded), got "
                               f"{history_limit!r}")
         self.state_ttl = ttl_spec(state_ttl)
+        self.state_schema = schema_spec(state_schema)
+        self.drop_state = drop_spec(drop_state, (n for n, _ in self.state_schema))
         if state_backend not in STATE_BACKENDS:
             raise ConfigError(f"state_backend must be one of {', '.join(STATE_BACKENDS)}, "
                               f"got {state_backend!r}")
@@ -204,8 +214,12 @@ class KeyedStatefulOperator:
         # before any checkpoint of this incarnation starts
         # before any checkpoint of this incarnation starts; a job with no state yet starts
         # from initial_state, pinned as its restore point (spark_glue.initial)
+        self._initial = InitialFrame.of(initial_state, key) if is_frame(initial_state) \
+            else None  # a DataFrame loads in batch 0 (spark_glue.initial_frame)
         self.coordinator.restore(None, operator_id, 0, **InitialState.start(
-            initial_state, self.coordinator, operator_id, self.namespace))
+            None if self._initial else initial_state, self.coordinator, operator_id,
+            self.namespace))
+        check_against(self.coordinator, operator_id, self.state_schema)  # not in a task
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
         self.progress = ProgressMetrics(job_id)  # batch metrics in query.lastProgress
@@ -298,6 +312,8 @@ class KeyedStatefulOperator:
             self._attempts = ()
             latest = cc.latest_checkpoint()
         point = cc.restore_point.current() if latest is None else None  # initial_state
+        load = self._initial is not None and latest is None and point is None
+        df = self._initial.with_batch(df) if load else df  # type: ignore[union-attr]
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
@@ -311,7 +327,9 @@ class KeyedStatefulOperator:
                         allowed_delay_ms=self.allowed_delay_ms,
                         event_time_ms=snapshot_time(latest, "event_time_ms", max),
                         now_ms=now_ms, attempts=self._attempts,
-                        initial=point is not None, timer_outputs_apart=self.outputs.apart)
+                        initial=point is not None, timer_outputs_apart=self.outputs.apart,
+                        state_schema=self.state_schema, drop_state=self.drop_state,
+                        initial_columns=self._initial.states if load else ())  # type: ignore
         try:
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)
@@ -389,28 +407,11 @@ class KeyedStatefulOperator:
     def state(self, checkpoint: str | None = None) -> dict[str, dict[Any, Any]]:
         """The state of the latest complete checkpoint (or ``checkpoint``, a ``_metadata``
         URL), restored from storage in this process: {state name: {key: value}}."""
-        from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
-        from dstl_ray.keygroups import KeyGroupRange
-        from dstl_ray.log.client import StateChangelogClient
-        from dstl_ray.state.backend import ChangelogKeyedStateBackend
-        from dstl_ray.transport.direct import DirectTransport
+        from dstl_ray.checkpoint.reader import read_states
 
         latest = self.coordinator.latest_checkpoint()
         url = checkpoint or (latest.metadata_url if latest else None)
-        if url is None:
-            return {}
-        cc = load_checkpoint(url)
-        client = StateChangelogClient(self.job_id, transport=DirectTransport(
-            self.job_id, self.base_path))
-        b = ChangelogKeyedStateBackend(client, self.operator_id,
-                                       KeyGroupRange(0, self.max_parallelism - 1),
-                                       self.max_parallelism,
-                                       restore=assign_sources(cc, self.operator_id, 1)[0],
-                                       materialization_interval=None)
-        try:
-            return b.dump()
-        finally:
-            b.close()
+        return {} if url is None else read_states(url, self.operator_id)
 
     def close(self) -> None:
         """Stop coordinating (retained checkpoints stay for the next run)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType, _parse_datatype_string
 
 from dstl_ray.checkpoint.change_feed import check_window
 from dstl_ray.checkpoint.change_feed import read_change_feed as _feed
@@ -48,16 +48,19 @@ def read_state(spark: Any, source: Any, state: str, *, operator_id: str | None =
     (default Spark's default parallelism, at most the checkpoint's max parallelism), one
     key-group range each.
 
-    ``schema``: the DataFrame's schema (a DDL string or StructType). Default: inferred from
-    the first rows (give one when values have mixed types); an empty state gets strings.
+    ``schema``: the DataFrame's schema (a DDL string or StructType). Default: a typed
+    state's ``value`` column has its declared type (from the checkpoint's metadata), other
+    columns are inferred from the first rows (give a schema when values have mixed types);
+    an empty untyped state gets strings.
     Expired entries of TTL states are left out (judged at ``now_ms``, default now)."""
     url, op_of_source = checkpoint_url(source, namespace)
     cc = load_checkpoint(url)
     op = the_operator(cc, operator_id or op_of_source)
     try:
-        kind = state_info(cc, op, state).kind
+        info = state_info(cc, op, state)
     except StateError as e:
         raise ConfigError(str(e)) from None
+    kind = info.kind
     n = _tasks(spark, parallelism, cc.metadata.max_parallelism)
 
     def part(index: int) -> Iterator[tuple[Any, ...]]:
@@ -65,7 +68,10 @@ def read_state(spark: Any, source: Any, state: str, *, operator_id: str | None =
 
     rdd = spark.sparkContext.parallelize(range(n), n).flatMap(part)
     cols = ["key", "user_key", "value"] if kind is StateKind.MAP else ["key", "value"]
-    return _frame(spark, rdd, cols, schema, _FALLBACK_SCHEMA[kind])
+    value = None
+    if info.schema is not None:  # a typed state: its declared type, as the checkpoint says
+        value = f"array<{info.schema}>" if kind is StateKind.LIST else info.schema
+    return _frame(spark, rdd, cols, schema, _FALLBACK_SCHEMA[kind], value)
 
 
 def _tasks(spark: Any, parallelism: int | None, max_parallelism: int) -> int:
@@ -77,19 +83,31 @@ def _tasks(spark: Any, parallelism: int | None, max_parallelism: int) -> int:
     return min(n, max_parallelism)
 
 
-def _frame(spark: Any, rdd: Any, cols: list[str], schema: Any, fallback: str) -> Any:
+def _frame(spark: Any, rdd: Any, cols: list[str], schema: Any, fallback: str,
+           value: str | None = None) -> Any:
     """``rdd`` as a DataFrame: with ``schema``, or one inferred from its first rows (which
     computes the first non-empty partitions once more; a column None in all of them is a
-    string column), or ``fallback`` when there are no rows."""
+    string column), or ``fallback`` when there are no rows. ``value``: the DDL type of the
+    ``value`` column (a typed state's), which is then not inferred."""
     if schema is None:
         sample = rdd.take(50)
-        schema = _infer(spark, sample, cols) if sample else fallback
+        if sample:
+            schema = _infer(spark, sample, cols, value)
+        elif value is not None:
+            schema = StructType([StructField(c, _parse_datatype_string(value) if c == "value"
+                                             else StringType(), True) for c in cols])
+        else:
+            schema = fallback
     return spark.createDataFrame(rdd, schema)
 
 
-def _infer(spark: Any, sample: list[tuple[Any, ...]], cols: list[str]) -> Any:
+def _infer(spark: Any, sample: list[tuple[Any, ...]], cols: list[str],
+           value: str | None = None) -> Any:
     fields = []
     for i, name in enumerate(cols):
+        if name == "value" and value is not None:
+            fields.append(StructField(name, _parse_datatype_string(value), True))
+            continue
         seen = [r[i] for r in sample if r[i] is not None]
         dtype = (spark.createDataFrame([(v,) for v in seen], ["x"]).schema[0].dataType
                  if seen else StringType())

@@ -27,6 +27,7 @@ from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.state.backend import ChangelogKeyedStateBackend
 from dstl_ray.state.ttl import StateTtlConfig
 
+from .initial_frame import load, split
 from .placement import executor_id
 from .routing import Groups, group_by_key, read_payloads, rows_of
 from .timers import TimerContext, TimerService, max_event_time_ms
@@ -89,6 +90,12 @@ class TaskSpec:
     initial: bool = False
     # the timers' outputs go apart from the update's (the operator's timer_output_schema)
     timer_outputs_apart: bool = False
+    # declared state types (name, canonical DDL) and dropped states (spark_glue.state_shapes)
+    state_schema: tuple[tuple[str, str], ...] = ()
+    drop_state: tuple[str, ...] = ()
+    # the batch carries the operator's initial_state DataFrame: (state, column) to load
+    # from its rows first (spark_glue.initial_frame)
+    initial_columns: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -160,12 +167,15 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
                                          incarnation=spec.incarnation,
                                          state_backend=spec.state_backend,
                                          local_dir=spec.local_dir)
-    if spec.initial:  # no snapshot of this job may name the other job's files
-        try:
+    try:
+        for name in spec.drop_state:  # (the next snapshot materializes first)
+            backend.schemas.drop(name)
+        backend.schemas.declare(dict(spec.state_schema))  # restored states migrate now
+        if spec.initial:  # no snapshot of this job may name the other job's files
             backend.materialize_now()
-        except BaseException:
-            backend.close()  # (its writer would stay a source its node waits for)
-            raise
+    except BaseException:
+        backend.close()  # (its writer would stay a source its node waits for)
+        raise
     return backend
 
 
@@ -282,7 +292,8 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
     stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
     attempt_id = uuid.uuid4().hex  # this attempt, told from a duplicate
-    groups = group_by_key(read_payloads(index, payloads), spec.key)
+    table, initial = split(read_payloads(index, payloads), spec.initial_columns)
+    groups = group_by_key(table, spec.key)
     t_read = time.perf_counter() - t0
     client = _client(spec)
     entry, restore_s = backend_for(spec, index, attempt > 0 or stage_attempt > 0, client)
@@ -293,6 +304,10 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     timer_outputs: list[Any] = []  # the timers', when they go apart from the update's
     timer_ipc: list[bytes | None] = []
     try:
+        loaded, t_load = 0, time.perf_counter()
+        if initial is not None:  # before the batch's own rows
+            loaded = load(backend, initial, spec.key, spec.initial_columns)
+        t_load = time.perf_counter() - t_load
         ttl = dict(spec.state_ttl)
         timers, seen = timer_context(spec, entry, groups)
         before = _counts(entry)
@@ -316,6 +331,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         snap = dataclasses.replace(snap, event_time_ms=seen, processing_time_ms=spec.now_ms)
         t2 = time.perf_counter()
         metrics = {"state_rows": backend.entries(), "state_bytes": snap.state_size(),
+                   "initial_keys": loaded, "initial_load_ms": round(t_load * 1000, 3),
                    **{k: a - b for k, a, b in zip(_COUNTS, _counts(entry), before,
                                                   strict=True)}}
         holds = spec.batch_id

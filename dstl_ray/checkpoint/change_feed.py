@@ -24,10 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StateError
+from ..format.materialized import spec_dropped, spec_schema
 from ..keygroups import KeyGroupRange, key_group_range_for_subtask
 from ..state.records import Op, StateKind, TaggedSerializer, decode_record, split_items
+from ..state.schema import parse_schema
 from ..state.snapshot import ChangelogComponent
 from ..state.ttl import spec_ttl, unstamp
+from ..state.typed import TypedSerializer
 from .reader import (
     operator_states,
     read_range,
@@ -167,18 +170,22 @@ def read_change_feed(start: str, end: str, state: str, operator_id: str | None =
         yield from _diff(cs, ce, op, state, parts, index)
         return
     mine = key_group_range_for_subtask(ce.metadata.max_parallelism, parts, index)
-    de = TaggedSerializer().deserialize
+    untyped = TaggedSerializer()
     for comp, since, rank in window:
-        names = [spec[0] for spec in comp.states]
-        if state not in names:
+        sid = next((i for i, spec in enumerate(comp.states)
+                    if spec[0] == state and not spec_dropped(spec)), None)
+        if sid is None:
             continue
-        sid = names.index(state)
         kinds = [StateKind(spec[1]) for spec in comp.states]
         stamped = spec_ttl(comp.states[sid]) is not None
+        schema = spec_schema(comp.states[sid])
+        dv = untyped.deserialize if schema is None else \
+            TypedSerializer(parse_schema(schema)).deserialize
         want = comp.key_group_range.intersect(mine)
         if want is None:
             continue
-        yield from _changes(comp, since, rank, want, sid, kinds, stamped, de)
+        yield from _changes(comp, since, rank, want, sid, kinds, stamped,
+                            untyped.deserialize, dv)
 
 
 def _diff(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str, state: str,
@@ -210,7 +217,10 @@ def _diff(start: CompletedCheckpoint, end: CompletedCheckpoint, op: str, state: 
 
 
 def _changes(comp: ChangelogComponent, since: int, rank: int, want: KeyGroupRange,
-             sid: int, kinds: list[StateKind], stamped: bool, de: Any) -> Iterator[Change]:
+             sid: int, kinds: list[StateKind], stamped: bool, de: Any, dv: Any
+             ) -> Iterator[Change]:
+    """The changes of state ``sid`` after ``since``: keys and map keys decoded by ``de``,
+    values by ``dv`` (a typed state's decoder, or ``de``)."""
     strip = unstamp if stamped else (lambda b: b)
     seen: set[tuple[int, int]] = set()  # a changeset may be stored twice (merged files)
     sets = [(kg, sqn, recs) for kg, sqn, recs in comp.handle.iter_changesets()
@@ -225,8 +235,8 @@ def _changes(comp: ChangelogComponent, since: int, rank: int, want: KeyGroupRang
                 continue
             value: Any = None
             if op in (Op.VALUE_SET, Op.LIST_ADD, Op.MAP_PUT):
-                value = de(strip(payload))
+                value = dv(strip(payload))
             elif op == Op.LIST_SET:
-                value = [de(strip(x)) for x in split_items(payload)]
+                value = [dv(strip(x)) for x in split_items(payload)]
             yield Change(de(key), _OP_NAMES[Op(op)], None if ukey is None else de(ukey),
                          value, comp.handle.log_id, rank, sqn)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RestoreError, StateError
+from ..format.materialized import spec_dropped, spec_schema
 from ..keygroups import key_group_range_for_subtask
 from ..state.names import StateNames
 from ..state.records import StateKind, TaggedSerializer
@@ -37,11 +38,13 @@ from .recovery import (
 
 @dataclass(frozen=True)
 class StateInfo:
-    """One state of an operator in a checkpoint: its name, kind and TTL (ms or None)."""
+    """One state of an operator in a checkpoint: its name, kind, TTL (ms or None) and
+    declared schema (canonical DDL; None: untyped)."""
 
     name: str
     kind: StateKind
     ttl_ms: int | None
+    schema: str | None = None
 
 
 def resolve_checkpoint(source: str) -> str:
@@ -73,8 +76,9 @@ def operator_states(cc: CompletedCheckpoint, operator_id: str) -> dict[str, Stat
     for s in snaps:
         for comp in s.components:
             for spec in comp.states:
-                out.setdefault(spec[0], StateInfo(spec[0], StateKind(spec[1]),
-                                                  spec_ttl(spec)))
+                if not spec_dropped(spec):
+                    out.setdefault(spec[0], StateInfo(spec[0], StateKind(spec[1]),
+                                                      spec_ttl(spec), spec_schema(spec)))
     return out
 
 
@@ -99,6 +103,28 @@ def the_operator(cc: CompletedCheckpoint, operator_id: str | None) -> str:
     return ops[0]
 
 
+def _dump(cc: CompletedCheckpoint, operator_id: str, parts: int, index: int,
+          now_ms: int | None, state: str | None) -> dict[str, dict[Any, Any]]:
+    """The states of ``operator_id`` in key-group range ``index`` of ``parts`` of ``cc``
+    (only ``state`` if given), restored into a heap table in a temporary directory."""
+    kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, parts, index)
+    sources = assign_sources(cc, operator_id, parts)[index]
+    with tempfile.TemporaryDirectory(prefix="dstl-reader-") as local:
+        table = open_table("heap", kgr, local)
+        names = StateNames(table.add_state)
+        untyped = TaggedSerializer()
+        try:
+            restore_state(sources, kgr, "", names.register_restored, table, None)
+            wanted = names.names if state is None else \
+                ({state: names.names[state]} if state in names.names else {})
+            return dump_table(wanted, names.kinds, names.ttls,
+                              int(time.time() * 1000) if now_ms is None else now_ms, table,
+                              range(kgr.start, kgr.end + 1), untyped.deserialize,
+                              lambda sid: names.serializer(sid, untyped).deserialize)
+        finally:
+            table.close()
+
+
 def read_range(metadata_url: str, operator_id: str, state: str, parts: int, index: int,
                now_ms: int | None = None) -> Iterator[tuple[Any, Any]]:
     """The ``(key, value)`` pairs of ``state`` in key-group range ``index`` of ``parts``
@@ -107,20 +133,14 @@ def read_range(metadata_url: str, operator_id: str, state: str, parts: int, inde
     expiry is judged at (default now)."""
     cc = load_checkpoint(metadata_url)
     state_info(cc, operator_id, state)
-    kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, parts, index)
-    sources = assign_sources(cc, operator_id, parts)[index]
-    with tempfile.TemporaryDirectory(prefix="dstl-reader-") as local:
-        table = open_table("heap", kgr, local)
-        names = StateNames(table.add_state)
-        try:
-            restore_state(sources, kgr, "", names.register, table, None)
-            dump = dump_table({state: names.names[state]} if state in names.names else {},
-                              names.kinds, names.ttls,
-                              int(time.time() * 1000) if now_ms is None else now_ms, table,
-                              range(kgr.start, kgr.end + 1), TaggedSerializer().deserialize)
-        finally:
-            table.close()
-    yield from dump.get(state, {}).items()
+    yield from _dump(cc, operator_id, parts, index, now_ms, state).get(state, {}).items()
+
+
+def read_states(metadata_url: str, operator_id: str, now_ms: int | None = None
+                ) -> dict[str, dict[Any, Any]]:
+    """Every state of ``operator_id`` in the checkpoint or savepoint ``metadata_url``, read
+    in this process: {state name: {key: value}} (expired TTL entries left out)."""
+    return _dump(load_checkpoint(metadata_url), operator_id, 1, 0, now_ms, None)
 
 
 def read_state(source: str, state: str, operator_id: str | None = None,
@@ -132,5 +152,5 @@ def read_state(source: str, state: str, operator_id: str | None = None,
     return dict(read_range(url, op, state, 1, 0, now_ms))
 
 
-__all__ = ["StateInfo", "operator_states", "read_range", "read_state",
+__all__ = ["StateInfo", "operator_states", "read_range", "read_state", "read_states",
            "resolve_checkpoint", "state_info", "the_operator"]

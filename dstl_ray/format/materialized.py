@@ -41,8 +41,12 @@ HEADER_SIZE = _HEAD.size + 4
 SECTION_HEADER_SIZE = _SEC.size + 4
 
 # index = state id of the writing backend: (name, kind), or (name, kind, ttl ms) for a state
-# whose values carry write timestamps (dstl_ray.state.ttl)
-StateSpec = tuple[str, str] | tuple[str, str, int]
+# whose values carry write timestamps (dstl_ray.state.ttl), or (name, kind, ttl ms or None,
+# schema) for a typed state (schema: its canonical DDL, dstl_ray.state.schema) or a dropped
+# one (schema DROPPED: its id stays taken, so later ids keep their places)
+StateSpec = tuple[str, str] | tuple[str, str, int] | tuple[str, str, int | None, str]
+DROPPED = "!dropped"
+MAX_SCHEMA = 65536  # characters of one state's schema DDL
 StatesSpec = tuple[StateSpec, ...]
 
 
@@ -71,8 +75,10 @@ def parse_job(job: object) -> str | None:
 
 def parse_states(value: object) -> StatesSpec:
     """A component's states, ``[[name, kind], ...]`` (the index is the writer's state id): at
-    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once. A
-    state with a TTL is ``[name, kind, {"ttl_ms": n}]`` (its values carry timestamps)."""
+    most 65535 (state ids are u16), names as a :class:`StateDescriptor` allows, each once
+    among the states not dropped. Options as a third item: ``{"ttl_ms": n}`` (the values
+    carry timestamps), ``{"schema": ddl}`` (a typed state), ``{"dropped": true}`` (a state
+    removed, whose id stays taken)."""
     if not isinstance(value, list) or len(value) > 65535:
         raise HandleError(f"states must be a list of at most 65535, got {show(value)}")
     out: list[StateSpec] = []
@@ -82,26 +88,71 @@ def parse_states(value: object) -> StatesSpec:
                 or not 0 < len(s[0]) <= 200 or not isinstance(s[1], str)
                 or s[1] not in _KINDS):
             raise HandleError(f"bad state spec {show(s)}")
-        if s[0] in seen:
-            raise HandleError(f"state {show(s[0])} is listed twice")
-        seen.add(s[0])
-        if len(s) == 3:
-            opts = s[2]
-            if (not isinstance(opts, dict) or set(opts) != {"ttl_ms"}
-                    or isinstance(opts["ttl_ms"], bool) or not isinstance(opts["ttl_ms"], int)
-                    or not 0 < opts["ttl_ms"] < 2**63):
-                raise HandleError(f"bad state spec options {show(opts)} (expected "
-                                  f"{{\"ttl_ms\": positive int}})")
-            out.append((s[0], s[1], opts["ttl_ms"]))
+        ttl, schema = _state_options(s[2]) if len(s) == 3 else (None, None)
+        if schema != DROPPED:
+            if s[0] in seen:
+                raise HandleError(f"state {show(s[0])} is listed twice")
+            seen.add(s[0])
+        if schema is not None:
+            out.append((s[0], s[1], ttl, schema))
+        elif ttl is not None:
+            out.append((s[0], s[1], ttl))
         else:
             out.append((s[0], s[1]))
     return tuple(out)
 
 
+def _state_options(opts: object) -> tuple[int | None, str | None]:
+    """(ttl ms, schema or DROPPED) of a state spec's options."""
+    if (not isinstance(opts, dict) or not opts
+            or not set(opts) <= {"ttl_ms", "schema", "dropped"}):
+        raise HandleError(f"bad state spec options {show(opts)} (expected any of "
+                          f"{{\"ttl_ms\": positive int, \"schema\": DDL string, "
+                          f"\"dropped\": true}})")
+    ttl = opts.get("ttl_ms")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)
+                            or not 0 < ttl < 2**63):
+        raise HandleError(f"bad state spec options {show(opts)}: ttl_ms must be a positive "
+                          f"int")
+    if "dropped" in opts:
+        if opts["dropped"] is not True or len(opts) != 1:
+            raise HandleError(f"bad state spec options {show(opts)}: a dropped state has "
+                              f"{{\"dropped\": true}} alone")
+        return None, DROPPED
+    schema = opts.get("schema")
+    if schema is not None and (not isinstance(schema, str) or not 0 < len(schema) <= MAX_SCHEMA
+                               or schema == DROPPED):
+        raise HandleError(f"bad state spec options {show(opts)}: schema must be a DDL string")
+    return ttl, schema
+
+
+def spec_schema(spec: Sequence[Any]) -> str | None:
+    """The declared schema (canonical DDL) of one entry of a state spec; None if untyped
+    (and for a dropped state: see :func:`spec_dropped`)."""
+    schema = spec[3] if len(spec) > 3 else None
+    return None if schema == DROPPED else schema
+
+
+def spec_dropped(spec: Sequence[Any]) -> bool:
+    """Whether one entry of a state spec is a dropped state's place."""
+    return len(spec) > 3 and spec[3] == DROPPED
+
+
 def states_json(states: StatesSpec) -> list[list[Any]]:
     """``states`` as handles write them (:func:`parse_states` reads them back); a state
-    without TTL is ``[name, kind]``, exactly as before TTL existed."""
-    return [[s[0], s[1], {"ttl_ms": s[2]}] if len(s) > 2 else [s[0], s[1]] for s in states]
+    without options is ``[name, kind]``, exactly as before TTL existed."""
+    out: list[list[Any]] = []
+    for s in states:
+        if spec_dropped(s):
+            out.append([s[0], s[1], {"dropped": True}])
+            continue
+        opts: dict[str, Any] = {}
+        if len(s) > 2 and s[2] is not None:
+            opts["ttl_ms"] = s[2]
+        if spec_schema(s) is not None:
+            opts["schema"] = s[3]  # type: ignore[misc]
+        out.append([s[0], s[1], opts] if opts else [s[0], s[1]])
+    return out
 
 
 @dataclass(frozen=True)

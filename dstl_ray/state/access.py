@@ -22,6 +22,8 @@ class _State:
     def __init__(self, backend: Any, sid: int) -> None:
         self._b, self._sid = backend, sid
         self._t: StateTable = backend._table
+        # values: by the state's declared type if it has one (keys and map keys: untyped)
+        self._vs = backend._states.serializer(sid, backend._ser)
 
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
@@ -81,14 +83,14 @@ class ValueState(_State):
         (NeverReturnExpired), else deserialized without its TTL stamp."""
         if v is None or (ttl is not None and not alive(v, now, ttl)):
             return default
-        return self._b._ser.deserialize(v if ttl is None else v[STAMP_SIZE:])
+        return self._vs.deserialize(v if ttl is None else v[STAMP_SIZE:])
 
     def update(self, key: Any, value: Any) -> None:
         if value is None:
             self.clear(key)
             return
         kg, k = self._kg(key)
-        v = self._stamped(self._b._ser.serialize(value))
+        v = self._stamped(self._vs.serialize(value))
         with self._b._lock:
             self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
             self._t.set_value(self._sid, kg, k, v)
@@ -111,7 +113,7 @@ class ValueState(_State):
         clears the key's value), under one hold of the backend's lock."""
         if len(refs) != len(values):
             raise StateError(f"{len(values)} values for {len(refs)} keys")
-        ser = self._b._ser.serialize
+        ser = self._vs.serialize
         ttl, now = self._ttl()
         sid, t, log = self._sid, self._t, self._log
         with self._b._lock:
@@ -130,7 +132,7 @@ class ValueState(_State):
 class ListState(_State):
     def get(self, key: Any) -> list[Any]:
         kg, k = self._kg(key)
-        de = self._b._ser.deserialize
+        de = self._vs.deserialize
         items = self._t.get_list(self._sid, kg, k)
         ttl, now = self._ttl()
         if ttl is None:
@@ -139,14 +141,14 @@ class ListState(_State):
 
     def add(self, key: Any, value: Any) -> None:
         kg, k = self._kg(key)
-        v = self._stamped(self._b._ser.serialize(value))
+        v = self._stamped(self._vs.serialize(value))
         with self._b._lock:
             self._log(kg, encode(Op.LIST_ADD, self._sid, k, v))
             self._t.add_to_list(self._sid, kg, k, v)
 
     def update(self, key: Any, values: Sequence[Any]) -> None:
         kg, k = self._kg(key)
-        items = [self._stamped(self._b._ser.serialize(v)) for v in values]
+        items = [self._stamped(self._vs.serialize(v)) for v in values]
         with self._b._lock:
             self._log(kg, encode(Op.LIST_SET, self._sid, k, join_items(items)))
             self._t.set_list(self._sid, kg, k, items)
@@ -163,21 +165,21 @@ class MapState(_State):
             if not alive(v, now, ttl):
                 return default  # NeverReturnExpired, per entry
             v = v[STAMP_SIZE:]
-        return self._b._ser.deserialize(v)
+        return self._vs.deserialize(v)
 
     def items(self, key: Any) -> dict[Any, Any]:
         kg, k = self._kg(key)
-        de = self._b._ser.deserialize
+        de, dv = self._b._ser.deserialize, self._vs.deserialize
         m = self._t.get_map(self._sid, kg, k)
         ttl, now = self._ttl()
         if ttl is None:
-            return {de(uk): de(v) for uk, v in m.items()}
-        return {de(uk): de(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
+            return {de(uk): dv(v) for uk, v in m.items()}
+        return {de(uk): dv(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
 
     def put(self, key: Any, user_key: Any, value: Any) -> None:
         kg, k = self._kg(key)
         uk = self._b._ser.serialize(user_key)
-        v = self._stamped(self._b._ser.serialize(value))
+        v = self._stamped(self._vs.serialize(value))
         with self._b._lock:
             self._log(kg, encode(Op.MAP_PUT, self._sid, k, v, uk))
             self._t.put_map_value(self._sid, kg, k, uk, v)

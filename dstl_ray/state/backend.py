@@ -37,6 +37,7 @@ from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from ..storage.deleter import background_deleter
 from ..storage.registry import get_storage
 from .access import _STATE_CLASSES, ListState, MapState, ValueState, _State
+from .evolution import Reshapes
 from .files import SnapshotFiles, write_full
 from .names import StateNames
 from .records import (
@@ -49,6 +50,7 @@ from .records import (
 )
 from .registry import SharedStateRegistry
 from .restore import RestoreSource, restore_state
+from .schedule import MaterializationSchedule
 from .snapshot import ChangelogComponent, KeyedStateSnapshot
 from .table import StateTable
 from .tables import dump_table, open_table
@@ -85,7 +87,7 @@ class ChangelogKeyedStateBackend:
         self.job_id: str = client.job_id
         self.job_path: str = client.job_path
         self.materialization_interval = materialization_interval
-        self._clock = clock
+        self._schedule = MaterializationSchedule(lambda: self.materialization_interval, clock)
         # processing time of state TTL, in seconds since the epoch: stamps outlive processes
         self._ttl_clock = ttl_clock
         self._ser: Serializer = serializer or TaggedSerializer()
@@ -102,6 +104,9 @@ class ChangelogKeyedStateBackend:
         # "heap" or "rocksdb" (its working directory under local_dir goes on close)
         self._table: StateTable = open_table(state_backend, key_group_range, local_dir)
         self._states = StateNames(self._table.add_state)
+        # declared types, retyped and dropped states (dstl_ray.state.evolution)
+        self.schemas = Reshapes(self._states, self._table, key_group_range, self._ser,
+                                self._lock)
         # (the state classes of dstl_ray.state.access read these)
         self._names, self._kinds, self._ttls = (self._states.names, self._states.kinds,
                                                 self._states.ttls)
@@ -111,13 +116,12 @@ class ChangelogKeyedStateBackend:
                                     pool=self._pool, deleter=self._deleter,
                                     is_closed=lambda: self._closed)
         self._mat_future: concurrent.futures.Future | None = None
-        self._last_mat_start = clock()
         # counters: materializations done and failed, expired entries purged (metrics)
         self.materializations = self.materialization_failures = self.ttl_evicted = 0
         # FLIP-158 "Recovery and rescaling" (FLIP-306 4.5 for merged files)
         try:
             restored = restore_state(restore, key_group_range, self.job_id,
-                                     self._states.register, self._table, self._merging,
+                                     self._states.register_restored, self._table, self._merging,
                                      self.job_path)
         except BaseException:
             self._table.close()  # a rocksdb table's working directory goes with it
@@ -136,29 +140,31 @@ class ChangelogKeyedStateBackend:
             # FLIP-306 4.2: after a rescale our state sits in other subtasks' files; write
             # our own copy at once (the old directories then go by reference count)
             self.materialize(force=True)
-        self._stop = threading.Event()
-        if materialize_in_background and materialization_interval is not None:
-            # FLIP-158 "Materializing state changes" runs on its own schedule, not only when
-            # a checkpoint asks: a timer thread starts one whenever the interval has passed
-            threading.Thread(target=self._materialization_timer, daemon=True,
-                             name=f"dstl-mat-timer-{operator_id}").start()
+        self._stop = self._schedule.stop
+        if materialize_in_background:  # FLIP-158: on a schedule of its own too
+            self._schedule.run_in_background(self.maybe_materialize,
+                                             f"dstl-mat-timer-{operator_id}")
 
     # ------------------------------------------------------------------ states
 
     def get_state(self, descriptor: StateDescriptor) -> _State:
-        ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else None
+        """The state ``descriptor`` names, registered if new (a typed one holding values of
+        another type migrated first: :attr:`schemas`, :mod:`dstl_ray.state.evolution`)."""
         with self._lock:
-            sid = self._states.confirm(descriptor.name, descriptor.kind, ttl)
+            sid = self.schemas.confirm(descriptor)
         return _STATE_CLASSES[descriptor.kind](self, sid)
 
-    def value_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> ValueState:
-        return self.get_state(ValueStateDescriptor(name, ttl))  # type: ignore[return-value]
+    def value_state(self, name: str, ttl: StateTtlConfig | float | None = None,
+                           schema: Any = None) -> ValueState:
+        return self.get_state(ValueStateDescriptor(name, ttl, schema))  # type: ignore[return-value]
 
-    def list_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> ListState:
-        return self.get_state(ListStateDescriptor(name, ttl))  # type: ignore[return-value]
+    def list_state(self, name: str, ttl: StateTtlConfig | float | None = None,
+                          schema: Any = None) -> ListState:
+        return self.get_state(ListStateDescriptor(name, ttl, schema))  # type: ignore[return-value]
 
-    def map_state(self, name: str, ttl: StateTtlConfig | float | None = None) -> MapState:
-        return self.get_state(MapStateDescriptor(name, ttl))  # type: ignore[return-value]
+    def map_state(self, name: str, ttl: StateTtlConfig | float | None = None,
+                         schema: Any = None) -> MapState:
+        return self.get_state(MapStateDescriptor(name, ttl, schema))  # type: ignore[return-value]
 
     def _purge_expired(self, lock: Any = None) -> None:
         """Drop the entries of TTL states expired now from the live tables (with the lock
@@ -192,6 +198,7 @@ class ChangelogKeyedStateBackend:
         """Checkpoint snapshot: the base (materialized) components + the changelog after
         the last materialized sqn (FLIP-158 "Performing a checkpoint"). ``checkpoint_id``
         (optional) goes with the persist request, so nodes batch one checkpoint together."""
+        self.schemas.settle(self.materialize, self.wait_materialization)  # after a reshape
         self.maybe_materialize()
         with self._lock:
             if self._closed:
@@ -243,8 +250,7 @@ class ChangelogKeyedStateBackend:
     # ------------------------------------------------------------------ materialization
 
     def materialization_due(self) -> bool:
-        return (self.materialization_interval is not None
-                and self._clock() - self._last_mat_start >= self.materialization_interval)
+        return self._schedule.due()
 
     def maybe_materialize(self) -> concurrent.futures.Future | None:
         """Start a materialization if the interval elapsed and none is running."""
@@ -259,14 +265,14 @@ class ChangelogKeyedStateBackend:
         with self._lock:
             if self._closed or (self._mat_future is not None and not self._mat_future.done()):
                 return None
-            self._last_mat_start = self._clock()
+            self._schedule.started()
             sqn = self._writer.last_appended_sqn()  # step 1
             base = self._files.base
             if sqn == self._files.materialized_sqn and not force and (
                     not base or isinstance(base[0], MATERIALIZED) and len(base) == 1):
                 return None
             result: concurrent.futures.Future = concurrent.futures.Future()
-            box = [sqn]
+            box = [sqn, self.schemas.generation]
             if self._table.copies_under_lock:  # heap: step 2 copies the tables
                 self._purge_expired()  # expired entries never reach a materialized file
                 tables, states = self._table.materialization_source(), self._states.spec()
@@ -279,7 +285,7 @@ class ChangelogKeyedStateBackend:
 
         def done(f: concurrent.futures.Future) -> None:  # step 4
             try:
-                self._materialized(f, box[0])
+                self._materialized(f, box[0], box[1])
             except BaseException as e:  # noqa: BLE001 - report through the future
                 result.set_exception(e)
             else:
@@ -301,16 +307,18 @@ class ChangelogKeyedStateBackend:
             if self._closed:
                 raise CheckpointError("backend closed during materialization")
             box[0] = self._writer.last_appended_sqn()
+            box[1] = self.schemas.generation
             source, states = self._table.materialization_source(), self._states.spec()
         return self._files.write(source, states, box[0])
 
-    def _materialized(self, f: concurrent.futures.Future, sqn: int) -> None:
-        self._materialized_locked(f, sqn)
+    def _materialized(self, f: concurrent.futures.Future, sqn: int, generation: int) -> None:
+        self._materialized_locked(f, sqn, generation)
         # the restored changelog is no longer named by our snapshots (outside the lock: it
         # calls the nodes)
         self._writer.release_adopted(self._restored_named)
 
-    def _materialized_locked(self, f: concurrent.futures.Future, sqn: int) -> None:
+    def _materialized_locked(self, f: concurrent.futures.Future, sqn: int,
+                             generation: int) -> None:
         err = f.exception()
         with self._lock:
             if err is not None:
@@ -322,18 +330,10 @@ class ChangelogKeyedStateBackend:
                 self._files.discard(h)
                 raise CheckpointError("backend closed during materialization")
             self._files.materialized(h, sqn)
+            self.schemas.clean = max(self.schemas.clean, generation)
             self._writer.truncate(before=sqn)
             self.materializations += 1
             self._files.repin()
-
-    def _materialization_timer(self) -> None:
-        assert self.materialization_interval is not None
-        tick = max(0.01, min(1.0, self.materialization_interval / 4))
-        while not self._stop.wait(tick):
-            try:
-                self.maybe_materialize()
-            except DstlError as e:  # a failed start is retried at the next tick
-                log.warning("periodic materialization of %s: %s", self.operator_id, e)
 
     def materialize_now(self, timeout: float = 300.0) -> None:
         """Materialize and wait, raising what it raised (one the restore started counts):
@@ -382,7 +382,8 @@ class ChangelogKeyedStateBackend:
         """Every state as plain Python objects: {state name: {key: value}} (tests, tools)."""
         with self._lock:  # live entries only, without TTL stamps
             return dump_table(self._names, self._kinds, self._ttls, now_ms(self._ttl_clock()),
-                              self._table, self.key_group_range, self._ser.deserialize)
+                              self._table, self.key_group_range, self._ser.deserialize,
+                              lambda sid: self._states.serializer(sid, self._ser).deserialize)
 
     # ------------------------------------------------------------------ shutdown
 

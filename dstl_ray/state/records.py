@@ -31,6 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FormatError, StateError
 from ..format.materialized import StateKind
+from .schema import canonical
 from .ttl import STAMP_SIZE, StateTtlConfig
 
 RECORD_VERSION = 1
@@ -56,11 +57,15 @@ class Op(enum.IntEnum):
 class StateDescriptor:
     """Names one keyed state of a backend (Flink's StateDescriptor). ``ttl`` (seconds or a
     :class:`~dstl_ray.state.ttl.StateTtlConfig`; Flink's ``enableTimeToLive``) lets its
-    entries expire (:mod:`dstl_ray.state.ttl`); None keeps them until cleared."""
+    entries expire (:mod:`dstl_ray.state.ttl`); None keeps them until cleared. ``schema``
+    (a Spark DDL string or a pyarrow type, :mod:`dstl_ray.state.schema`) declares the type
+    of its values (a list's elements, a map's values); None leaves them untyped
+    (:class:`TaggedSerializer`), or keeps the type a restored state has."""
 
     name: str
     kind: StateKind
     ttl: StateTtlConfig | None = None
+    schema: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
@@ -68,21 +73,27 @@ class StateDescriptor:
                              f"got {self.name!r}")
         object.__setattr__(self, "kind", StateKind(self.kind))
         object.__setattr__(self, "ttl", StateTtlConfig.of(self.ttl))
+        if self.schema is not None:  # canonical DDL from here on
+            object.__setattr__(self, "schema",
+                               canonical(self.schema, f"schema of state {self.name!r}"))
 
 
-def ValueStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None  # noqa: N802
+def ValueStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None,  # noqa: N802
+                         schema: Any = None
                          ) -> StateDescriptor:  # Flink's name
-    return StateDescriptor(name, StateKind.VALUE, ttl)  # type: ignore[arg-type]
+    return StateDescriptor(name, StateKind.VALUE, ttl, schema)  # type: ignore[arg-type]
 
 
-def ListStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None  # noqa: N802
+def ListStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None,  # noqa: N802
+                        schema: Any = None
                         ) -> StateDescriptor:
-    return StateDescriptor(name, StateKind.LIST, ttl)  # type: ignore[arg-type]
+    return StateDescriptor(name, StateKind.LIST, ttl, schema)  # type: ignore[arg-type]
 
 
-def MapStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None  # noqa: N802
+def MapStateDescriptor(name: str, ttl: StateTtlConfig | float | None = None,  # noqa: N802
+                       schema: Any = None
                        ) -> StateDescriptor:
-    return StateDescriptor(name, StateKind.MAP, ttl)  # type: ignore[arg-type]
+    return StateDescriptor(name, StateKind.MAP, ttl, schema)  # type: ignore[arg-type]
 
 
 @runtime_checkable

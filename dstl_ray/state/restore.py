@@ -89,7 +89,9 @@ def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRan
                 continue
             files = component_files(comp, src.base_path, src.own_dir)
             try:
-                sid_map = [register_state(s[0], StateKind(s[1]), spec_ttl(s))
+                # (a typed state's schema, or DROPPED for a dropped state's place)
+                sid_map = [register_state(s[0], StateKind(s[1]), spec_ttl(s),
+                                          s[3] if len(s) > 3 else None)  # type: ignore[misc]
                            for s in comp.states]
                 if isinstance(comp, RocksDBHandle):  # its files may become our database
                     got = table.load_incremental(comp, src.base_path, mine, sid_map)

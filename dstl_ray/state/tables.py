@@ -30,13 +30,17 @@ def open_table(state_backend: str, key_groups: KeyGroupRange,
 
 def dump_table(names: Mapping[str, int], kinds: Sequence[StateKind],
                ttls: Sequence[int | None], now: int, table: StateTable,
-               key_groups: Sequence[int], deserialize: Callable[[bytes], Any]
+               key_groups: Sequence[int], deserialize: Callable[[bytes], Any],
+               values: Callable[[int], Callable[[bytes], Any]] | None = None
                ) -> dict[str, dict[Any, Any]]:
     """Every state of ``table`` as plain Python objects: {state name: {key: value}}; entries
-    of TTL states expired at ``now`` (ms) are left out, the others lose their stamps."""
-    de = deserialize
+    of TTL states expired at ``now`` (ms) are left out, the others lose their stamps. Keys
+    and map keys are decoded by ``deserialize``, values by ``values(state id)`` (a typed
+    state's own decoder; default ``deserialize``)."""
     out: dict[str, dict[Any, Any]] = {}
     for name, sid in names.items():
+        dk = deserialize
+        de = values(sid) if values is not None else deserialize
         kind, ttl, d = kinds[sid], ttls[sid], {}
         for _kg, k, v in table.items(sid, key_groups):
             if ttl is not None:
@@ -51,10 +55,10 @@ def dump_table(names: Mapping[str, int], kinds: Sequence[StateKind],
                 if not v and kind is not StateKind.VALUE:
                     continue
             if kind is StateKind.VALUE:
-                d[de(k)] = de(v)
+                d[dk(k)] = de(v)
             elif kind is StateKind.LIST:
-                d[de(k)] = [de(x) for x in v]
+                d[dk(k)] = [de(x) for x in v]
             else:
-                d[de(k)] = {de(uk): de(x) for uk, x in v.items()}
+                d[dk(k)] = {dk(uk): de(x) for uk, x in v.items()}
         out[name] = d
     return out

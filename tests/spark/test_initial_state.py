@@ -1,6 +1,6 @@
 """Initial state (issue 30 item 2) on RayDP: a job started from another job's checkpoint, at
 another parallelism, holds that job's state plus its own batches, and the other job's files
-are untouched."""
+are untouched; a job started from a DataFrame loads it in batch 0, once."""
 
 from __future__ import annotations
 
@@ -51,3 +51,43 @@ def test_a_job_starts_from_another_jobs_checkpoint(spark, tree_factory, namespac
              if p.is_file() and p.name != "_lease"}
     assert {p: t for p, t in after.items() if p in before} == before  # none touched
     assert set(before) <= set(after)
+
+
+def test_a_job_starts_from_a_dataframe_loaded_in_batch_zero(spark, tree_factory, namespace,
+                                                            tmp_path):
+    """A DataFrame of key and state columns is loaded in batch 0 by the subtasks owning the
+    keys, before the batch's rows (its counts go on from the loaded ones); a null leaves a
+    state unset; later batches and a restarted job never read it again."""
+    tree_factory(persist_delay_s=0.02)
+    initial = spark.createDataFrame(
+        [(f"u{i}", 100 + i, None if i % 2 else 5 * i) for i in range(40)] +
+        [("only-initial", 7, 7)], "user STRING, count LONG, sum LONG")
+    src = tmp_path / "in"
+    write_events(src, 2, 150, seed=21)
+    op = KeyedStatefulOperator("from-frame", key="user", update=count_and_sum,
+                               namespace=namespace, parallelism=2, max_parallelism=32,
+                               materialization_interval=0.0, initial_state=initial)
+    run_stream(spark, op, src, tmp_path / "chk")
+    got = op.state()
+    add = expected(spark, src)
+    for i in range(40):
+        u = f"u{i}"
+        assert got["count"][u] == 100 + i + add["count"].get(u, 0)
+        if i % 2:  # no initial sum: it started from nothing
+            assert got["sum"].get(u) == add["sum"].get(u)
+        else:
+            assert got["sum"][u] == 5 * i + add["sum"].get(u, 0)
+    assert got["count"]["only-initial"] == 7 and got["sum"]["only-initial"] == 7
+    assert len(op.history) == 2 and op.history[0].batch_id == 0
+    op.close()
+    # a restart with the DataFrame given again loads nothing: the job has its checkpoints
+    again = KeyedStatefulOperator("from-frame", key="user", update=count_and_sum,
+                                  namespace=namespace, parallelism=2, max_parallelism=32,
+                                  materialization_interval=0.0, initial_state=initial)
+    write_events(src, 1, 150, seed=22, start=2)
+    run_stream(spark, again, src, tmp_path / "chk")
+    everything = expected(spark, src)
+    loaded = {f"u{i}": 100 + i for i in range(40)} | {"only-initial": 7}
+    assert again.state()["count"] == {u: loaded.get(u, 0) + everything["count"].get(u, 0)
+                                      for u in loaded.keys() | everything["count"].keys()}
+    again.close()

@@ -1,7 +1,7 @@
 """The README's Spark blocks run as written, in order, in one namespace
 (tests/unit/docs_util.py): the Structured Streaming query over two files of events (two
-micro-batches) into a file sink read back with ``spark.read``, the vectorized and the
-session windows' operators (made, not run:
+micro-batches) into a file sink read back with ``spark.read``, the vectorized, the
+session windows' and the typed state's operators (made, not run:
 tests/spark/test_vectorized_api.py and test_timers.py run such operators), and reading the
 state and the changes back. ``/data`` and ``/out`` are in this test's temporary directory,
 and ``start_spark`` returns the session's Spark (RayDP runs one Spark per Ray cluster)."""
@@ -40,8 +40,8 @@ def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monke
         part.rename(events / part.name)  # whole, or not there: the file source sees it once
 
     _plain, blocks = readme_runs()
-    assert len(blocks) == 4, [b.where for b in blocks]
-    stream, vectorized, windows, read_back = blocks
+    assert len(blocks) == 5, [b.where for b in blocks]
+    stream, vectorized, windows, typed, read_back = blocks
     names: dict = {"__name__": "__readme__"}  # functions go to Spark by value
 
     def run(block) -> None:
@@ -63,6 +63,8 @@ def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monke
 
         run(vectorized)  # its update function's shape runs in test_vectorized_api.py
         run(windows)
+        run(typed)  # made, not run: tests/spark/test_typed_state.py runs typed state
+        assert names["typed"].state_schema[0] == ("count", "bigint")
         run(read_back)
         assert {r.key: r.value for r in names["counts"].collect()} == dict(count)
         assert {r.key: r.value for r in names["sums"].collect()} == dict(total)
@@ -71,6 +73,6 @@ def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monke
     finally:
         for q in spark.streams.active:
             q.stop()
-        for name in ("op", "vectorized", "windows"):
+        for name in ("op", "vectorized", "windows", "typed"):
             if name in names:
                 names[name].close()
