@@ -8,7 +8,10 @@ RayDP over 3 Ray nodes (3 executors x 1 core), one run, side by side:
   subtask, state by the column: spark_glue.vectorized);
 - ``Spark applyInPandasWithState``: ``groupBy(user).applyInPandasWithState`` (a pandas call
   per key), RocksDB state store with changelog checkpointing;
-- ``Spark groupBy().agg()``: the native aggregation on the same store.
+- ``Spark groupBy().agg()``: the native aggregation on the same store;
+- ``dstl-ray vectorized + combine``: the vectorized API with a map-side combiner (the
+  operator's ``combine``: per input partition, each key's count and sum before the shuffle,
+  as Spark's partial aggregation does for the native aggregation).
 
 Every system computes the same per-user count and sum and emits each updated key's totals
 (update mode; Spark's outputs go to the ``noop`` sink, dstl-ray's to the driver). The input is
@@ -38,7 +41,7 @@ from .vs_spark_state_store import ROCKSDB, _progress, _run_query
 NS = "spark-tp"
 SCHEMA = "user STRING, amount LONG"
 SYSTEMS = ("dstl-ray per-key", "dstl-ray vectorized", "Spark applyInPandasWithState",
-           "Spark groupBy().agg()")
+           "Spark groupBy().agg()", "dstl-ray vectorized + combine")
 
 
 def per_key(key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int]]:
@@ -55,6 +58,25 @@ def vectorized(keys: Any, rows: Any, state: Any) -> Any:
     agg = rows.groupby("user", sort=False)["amount"].agg(["size", "sum"])
     count = state.value("count").get(0).to_numpy() + agg["size"].to_numpy()
     total = state.value("sum").get(0).to_numpy() + agg["sum"].to_numpy()
+    state.value("count").set(count)
+    state.value("sum").set(total)
+    return pd.DataFrame({"user": keys, "count": count, "sum": total})
+
+
+def partial_count_and_sum(pdf: Any) -> Any:
+    """The map-side combiner (the operator's ``combine``): per key of one input partition,
+    its events' count and sum, as Spark's partial aggregation computes them."""
+    return pdf.groupby("user", as_index=False, sort=False).agg(n=("amount", "size"),
+                                                               total=("amount", "sum"))
+
+
+def vectorized_combined(keys: Any, rows: Any, state: Any) -> Any:
+    """:func:`vectorized` over the combiner's partial counts and sums."""
+    import pandas as pd
+
+    agg = rows.groupby("user", sort=False)[["n", "total"]].sum()
+    count = state.value("count").get(0).to_numpy() + agg["n"].to_numpy()
+    total = state.value("sum").get(0).to_numpy() + agg["total"].to_numpy()
     state.value("count").set(count)
     state.value("sum").set(total)
     return pd.DataFrame({"user": keys, "count": count, "sum": total})
@@ -98,13 +120,15 @@ def _stats(system: str, events: int, keys: int, batch_ms: list[float],
 
 
 def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: int, keys: int,
-             batches: int) -> dict[str, Any]:
+             batches: int, combine: bool = False) -> dict[str, Any]:
     from spark_glue import KeyedStatefulOperator
 
-    job = f"tp-{api}-{events}-{keys}"
-    op = KeyedStatefulOperator(job, key="user", update=per_key if api == "rows" else vectorized,
-                               api=api, namespace=NS, parallelism=3, max_parallelism=128,
-                               materialization_interval=10.0, sink=lambda b, out: None)
+    job = f"tp-{api}{'-combine' if combine else ''}-{events}-{keys}"
+    update = per_key if api == "rows" else vectorized_combined if combine else vectorized
+    op = KeyedStatefulOperator(job, key="user", update=update, api=api, namespace=NS,
+                               parallelism=3, max_parallelism=128,
+                               materialization_interval=10.0, sink=lambda b, out: None,
+                               combine=partial_count_and_sum if combine else None)
 
     def start() -> Any:
         return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
@@ -117,7 +141,8 @@ def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: in
             prog = _progress(q)[:batches]
             q.stop()
         h = list(op.history)[:batches]
-        return _stats(SYSTEMS[0] if api == "rows" else SYSTEMS[1], events, keys,
+        return _stats(SYSTEMS[0] if api == "rows" else SYSTEMS[4] if combine else SYSTEMS[1],
+                      events, keys,
                       [p["durationMs"]["triggerExecution"] for p in prog],
                       [x.checkpoint_s * 1000 for x in h], len(files.seen), len(prog),
                       restores=sum(x.restores for x in h[1:]),
@@ -162,11 +187,11 @@ def plot(rows: list[dict[str, Any]], sizes: list[tuple[int, int]]) -> Any:
         return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k"
 
     labels = [f"{short(e)} ev\n{short(k)} keys" for e, k in sizes]
-    width = 0.2
-    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red"]
+    width = 0.16
+    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:green"]
     for si, system in enumerate(SYSTEMS):
         by = {(r["events_per_batch"], r["keys"]): r for r in rows if r["system"] == system}
-        xs = [i + (si - 1.5) * width for i in range(len(sizes))]
+        xs = [i + (si - 2) * width for i in range(len(sizes))]
         axes[0].bar(xs, [by[s]["events_per_s"] if s in by else 0 for s in sizes], width,
                     label=system, color=colors[si])
         axes[1].bar(xs, [by[s]["batch_ms_p50"] if s in by else 0 for s in sizes], width,
@@ -223,9 +248,9 @@ def main() -> None:
                 write_inputs(src, n, e, k, seed=e + k)
                 for si in systems:
                     t0 = time.perf_counter()
-                    if si in (0, 1):
+                    if si in (0, 1, 4):
                         r = run_dstl(spark, src, work, base, "rows" if si == 0 else "pandas",
-                                     e, k, n)
+                                     e, k, n, combine=si == 4)
                     else:
                         r = run_spark(spark, src, work, "pandas" if si == 2 else "agg", e, k, n)
                     rows.append(r)
@@ -253,6 +278,7 @@ def main() -> None:
     ratios = [{"events_per_batch": e, "keys": k,
                "vectorized_over_apply_in_pandas": ratio(SYSTEMS[1], SYSTEMS[2], e, k),
                "vectorized_over_native_agg": ratio(SYSTEMS[1], SYSTEMS[3], e, k),
+               "vectorized_combine_over_native_agg": ratio(SYSTEMS[4], SYSTEMS[3], e, k),
                "per_key_over_native_agg": ratio(SYSTEMS[0], SYSTEMS[3], e, k)}
               for e, k in sizes]
     data = {

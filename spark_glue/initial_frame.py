@@ -2,9 +2,10 @@
 bootstrap): the operator's ``initial_state`` may be a DataFrame of the key column and one
 column per ValueState (its name), loaded in the job's first micro-batch.
 
-Loading is part of that batch, by key group in parallel: the operator unions the DataFrame's
-rows, marked and with their columns renamed out of the input's way, into micro-batch 0's
-rows, so the same routing sends each key's initial row to the subtask owning its key group;
+Loading is part of that batch, by key group in parallel: the operator routes the DataFrame's
+rows, marked and with their columns renamed out of the input's way, along with micro-batch
+0's rows (spark_glue.routing ``extra``), so each key's initial row goes to the subtask owning
+its key group;
 the subtask sets the states of those rows first (vectorized, a null leaves a state unset),
 then applies the batch's own rows. So the initial state is in checkpoint 0 with the batch's
 changes, and a replay of batch 0 (no checkpoint yet) loads it again. Once the job has a
@@ -28,7 +29,7 @@ PREFIX = "__dstl_init__"
 
 def is_frame(source: Any) -> bool:
     """Whether an ``initial_state`` is a Spark DataFrame (not a checkpoint source)."""
-    return hasattr(source, "sparkSession") and hasattr(source, "unionByName")
+    return hasattr(source, "sparkSession") and hasattr(source, "mapInArrow")
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,6 @@ class InitialFrame:
         df = source.select(F.col(key), *(F.col(f"`{n}`").alias(PREFIX + n) for n in names),
                            F.lit(True).alias(FLAG))
         return cls(df, tuple((n, PREFIX + n) for n in names))
-
-    def with_batch(self, batch: Any) -> Any:
-        """Micro-batch 0's rows and the initial rows, one DataFrame for the routing."""
-        return batch.unionByName(self.df, allowMissingColumns=True)
 
 
 def split(table: Any, columns: Sequence[tuple[str, str]]) -> tuple[Any, Any]:

@@ -109,6 +109,10 @@ class KeyedStatefulOperator:
     checkpoint already names is refused (:class:`~dstl_ray.errors.StateError`): its stored
     values carry timestamps or they do not.
 
+    ``combine`` (pandas DataFrame in and out, the key column kept) runs on each input
+    partition's rows before the shuffle, as Spark's partial aggregation does; the update
+    function then gets its outputs as rows (e.g. per-key counts and sums to add up).
+
     ``state_schema`` maps state names to types (Spark DDL or pyarrow), which may evolve
     between runs; ``drop_state`` lists states to remove (:mod:`spark_glue.state_shapes`).
 
@@ -143,7 +147,8 @@ class KeyedStatefulOperator:
                  initial_state: Any = None, timer_output_schema: Any = None,
                  timer_sink: Sink | None = None,
                  state_schema: Mapping[str, Any] | None = None,
-                 drop_state: Sequence[str] | None = None) -> None:
+                 drop_state: Sequence[str] | None = None,
+                 combine: Callable[[Any], Any] | None = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -181,6 +186,9 @@ class KeyedStatefulOperator:
                 or not 0 <= allowed_delay < float("inf"):
             raise ConfigError(f"allowed_delay must be seconds >= 0, got {allowed_delay!r}")
         self.on_timer, self.event_time = on_timer, event_time
+        if combine is not None and not callable(combine):
+            raise ConfigError(f"combine must be callable, got {combine!r}")
+        self.combine = combine  # map-side, per input partition (spark_glue.routing)
         if on_missing_state not in ON_MISSING_STATE:
             raise ConfigError(f"on_missing_state must be one of "
                               f"{', '.join(ON_MISSING_STATE)}, got {on_missing_state!r}")
@@ -313,7 +321,6 @@ class KeyedStatefulOperator:
             latest = cc.latest_checkpoint()
         point = cc.restore_point.current() if latest is None else None  # initial_state
         load = self._initial is not None and latest is None and point is None
-        df = self._initial.with_batch(df) if load else df  # type: ignore[union-attr]
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
@@ -365,7 +372,8 @@ class KeyedStatefulOperator:
             return run_partition(spec, index, payloads)
 
         p = spec.parallelism
-        routed = route(drop_ticks(df), self.key, spec.max_parallelism, p).rdd
+        routed = route(drop_ticks(df), self.key, spec.max_parallelism, p, self.combine,
+                       self._initial.df if spec.initial_columns else None).rdd  # type: ignore
         if routed.getNumPartitions() != p:
             # Spark's adaptive execution gives an empty shuffle no partitions: an empty
             # micro-batch still checkpoints every subtask

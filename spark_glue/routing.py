@@ -20,7 +20,7 @@ Python objects per row exist only where the user's per-key function asks for the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,8 +117,25 @@ def _ipc(batch: Any) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[int]
-             ) -> Any:
+def combined(batches: Iterable[Any], combine: Callable[[Any], Any], key: str
+             ) -> Iterator[Any]:
+    """An input partition's rows through the operator's ``combine`` (a map-side combiner,
+    Spark's partial aggregation: pandas in, pandas out, the key column kept), as one batch
+    (none for an empty partition)."""
+    import pyarrow as pa
+
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not tables:
+        return
+    out = combine(pa.concat_tables(tables).to_pandas())
+    if key not in getattr(out, "columns", ()):
+        raise ValueError(f"combine must return a pandas DataFrame with the key column "
+                         f"{key!r}, got {type(out).__name__} {list(getattr(out, 'columns', []))}")
+    yield from pa.Table.from_pandas(out, preserve_index=False).to_batches()
+
+
+def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[int],
+             combine: Callable[[Any], Any] | None = None) -> Any:
     """The ``mapInArrow`` function of step 1 (a closure shipped to the executors)."""
     routes = tuple(routes)
 
@@ -126,6 +143,8 @@ def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[
         import numpy as np
         import pyarrow as pa
 
+        if combine is not None:
+            batches = combined(batches, combine, key)
         for b in batches:
             if b.num_rows == 0:
                 continue
@@ -147,8 +166,11 @@ def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[
     return split
 
 
-def route(df: Any, key: str, max_parallelism: int, parallelism: int) -> Any:
-    """Steps 1 and 2: ``df``'s rows as Arrow payloads, partition ``i`` holding subtask ``i``'s."""
+def route(df: Any, key: str, max_parallelism: int, parallelism: int,
+          combine: Callable[[Any], Any] | None = None, extra: Any = None) -> Any:
+    """Steps 1 and 2: ``df``'s rows as Arrow payloads, partition ``i`` holding subtask
+    ``i``'s; ``df``'s input partitions through ``combine`` first (if given), and ``extra``'s
+    rows routed alongside, uncombined (the initial state's, spark_glue.initial_frame)."""
     from pyspark.sql.functions import col
 
     if key not in df.columns:
@@ -157,8 +179,12 @@ def route(df: Any, key: str, max_parallelism: int, parallelism: int) -> Any:
         raise ConfigError(f"key column {key!r} is not in the micro-batch's columns "
                           f"{df.columns}")
     routes = route_values(parallelism)
-    return (df.mapInArrow(splitter(key, max_parallelism, parallelism, routes), routed_schema())
-            .repartition(parallelism, col(ROUTE)))
+    payloads = df.mapInArrow(splitter(key, max_parallelism, parallelism, routes, combine),
+                             routed_schema())
+    if extra is not None:
+        payloads = payloads.union(extra.mapInArrow(
+            splitter(key, max_parallelism, parallelism, routes), routed_schema()))
+    return payloads.repartition(parallelism, col(ROUTE))
 
 
 def read_payloads(index: int, rows: Iterable[Any]) -> Any:

@@ -13,6 +13,12 @@ from typing import Any, overload
 # the demo's summary: summed over the subtasks, or the batch's own
 METRICS = ("rows", "keys", "state_rows", "state_bytes", "timers_registered", "timers_fired",
            "ttl_evicted", "checkpoint_ms", "files_written", "restores")
+# those the subtasks report (their ``metrics``), summed over them
+SUBTASK_METRICS = ("state_rows", "state_bytes", "timers_registered", "timers_fired",
+                   "ttl_evicted")
+# those that count events (a run's total is their sum over its batches; the others are levels)
+COUNTING = ("rows", "timers_registered", "timers_fired", "ttl_evicted", "files_written",
+            "restores")
 
 
 @dataclass
@@ -66,7 +72,7 @@ class BatchStats:
         it (the bytes its checkpoint names), timers registered and fired, expired entries
         purged, checkpoint ms, files new in its checkpoint, subtasks that restored."""
         return {"rows": self.rows, "keys": self.keys,
-                **{k: self.counts.get(k, 0) for k in METRICS[2:7]},
+                **{k: self.counts.get(k, 0) for k in SUBTASK_METRICS},
                 "checkpoint_ms": round(self.checkpoint_s * 1000, 3),
                 "files_written": self.counts.get("files_written", 0),
                 "restores": self.restores}
@@ -80,9 +86,7 @@ class BatchStats:
 def totals(history: Sequence[BatchStats]) -> dict[str, int]:
     """The counting :data:`METRICS` summed over ``history``, and the state's entries and
     bytes after its last batch (levels, not counts)."""
-    out = {k: sum(s.metrics()[k] for s in history)
-           for k in ("rows", "timers_registered", "timers_fired", "ttl_evicted",
-                     "files_written", "restores")}
+    out = {k: sum(s.metrics()[k] for s in history) for k in COUNTING}
     last = history[-1].metrics() if history else {}
     return {**out, "state_rows": int(last.get("state_rows", 0)),
             "state_bytes": int(last.get("state_bytes", 0))}

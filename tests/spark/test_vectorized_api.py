@@ -1,7 +1,8 @@
 """The vectorized (pandas) update API on RayDP over several Ray nodes, micro-batch by
 micro-batch: its state equals a batch recomputation, also after an empty micro-batch and a
 task that fails half-way and is retried; the sink gets the outputs as a Spark DataFrame of
-the given schema; and the per-key API on the same batches leaves the same state."""
+the given schema; and the per-key API, and the vectorized one with a map-side combiner, on
+the same batches leave the same state."""
 
 from __future__ import annotations
 
@@ -44,6 +45,18 @@ def per_key(key, rows, state):
     s.set(s.get(0) + sum(r["amount"] for r in rows))
 
 
+def partial(pdf):
+    """The map-side combiner: per key of an input partition, its count and sum."""
+    return pdf.groupby("user", as_index=False).agg(n=("amount", "size"),
+                                                  total=("amount", "sum"))
+
+
+def add_partials(keys, rows, state):
+    agg = rows.groupby("user", sort=False)[["n", "total"]].sum()
+    state.value("count").set(state.value("count").get(0) + agg["n"].to_numpy())
+    state.value("sum").set(state.value("sum").get(0) + agg["total"].to_numpy())
+
+
 def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_factory,
                                                                  namespace):
     tree_factory(persist_delay_s=0.02)
@@ -63,18 +76,24 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
     rows = KeyedStatefulOperator("vec-rows", key="user", update=per_key, namespace=namespace,
                                  parallelism=3, max_parallelism=32,
                                  materialization_interval=0.0)
+    # a map-side combiner: the update gets per-partition partial counts and sums
+    comb = KeyedStatefulOperator("vec-comb", key="user", update=add_partials, api="pandas",
+                                 combine=partial, namespace=namespace, parallelism=3,
+                                 max_parallelism=32, materialization_interval=0.0)
     want: dict[str, dict] = {"count": {}, "sum": {}}
     try:
         for b, data in enumerate(batches):
             df = spark.createDataFrame(data, SCHEMA)
             stats = vec.process_batch(df, b)
             rows.process_batch(df, b)
+            combined = comb.process_batch(df, b)
+            assert combined.rows <= min(len(data), 40 * df.rdd.getNumPartitions())
             for u, a in data:
                 want["count"][u] = want["count"].get(u, 0) + 1
                 want["sum"][u] = want["sum"].get(u, 0) + a
             assert stats.rows == len(data)
             assert stats.retries == (1 if data else 0)  # u7's task, failed half-way once
-        assert vec.state() == want == rows.state()
+        assert vec.state() == want == rows.state() == comb.state()
         assert sorted(sunk) == [0, 1, 2] and sunk[1] == []
         last = {r["user"]: (r["count"], r["sum"]) for b in sorted(sunk) for r in sunk[b]}
         assert last == {u: (c, None if u == "u0" else want["sum"][u])
@@ -82,3 +101,4 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
     finally:
         vec.close()
         rows.close()
+        comb.close()

@@ -63,6 +63,34 @@ def test_split_sends_every_row_once_to_its_subtask(keys, p):
     assert sorted(seen) == sorted(zip(keys, range(len(keys)), strict=True))
 
 
+def _count_and_sum(pdf):
+    return pdf.groupby("user", as_index=False).agg(n=("amount", "size"),
+                                                  total=("amount", "sum"))
+
+
+def test_a_combiner_runs_once_per_input_partition_before_the_split():
+    """The operator's ``combine`` (map-side partial aggregation): a partition of several
+    batches becomes one combined row per key, each sent to its key's subtask."""
+    keys = [f"u{i % 7}" for i in range(300)]
+    batches = [_batch(keys[i:i + 50], list(range(i, i + 50))) for i in range(0, 300, 50)]
+    p = 3
+    out = list(splitter("user", MAXP, p, [0, 1, 2], _count_and_sum)([*batches, _batch([])]))
+    got = {}
+    for rb in out:
+        for r, s, payload in zip(*(c.to_pylist() for c in rb.columns), strict=True):
+            part = read_payloads(s, [(r, s, payload)])
+            for row in part.to_pylist():
+                assert subtask_of(row["user"], MAXP, p) == s and row["user"] not in got
+                got[row["user"]] = (row["n"], row["total"])
+    assert got == {f"u{k}": (sum(1 for x in keys if x == f"u{k}"),
+                             sum(i for i, x in enumerate(keys) if x == f"u{k}"))
+                   for k in range(7)}
+    assert list(splitter("user", MAXP, p, [0, 1, 2], _count_and_sum)([_batch([])])) == []
+    with pytest.raises(ValueError, match="combine must return a pandas DataFrame with the "
+                                         "key column 'user'"):
+        list(splitter("user", MAXP, p, [0, 1, 2], lambda pdf: pdf[["amount"]])([batches[0]]))
+
+
 def test_a_payload_of_another_subtask_is_refused():
     (rb,) = splitter("user", MAXP, 2, [7, 9])([_batch(["a"])])
     s = rb.column(1)[0].as_py()
