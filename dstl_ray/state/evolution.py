@@ -89,11 +89,11 @@ class Reshapes:
         schemas; new ones take theirs when first asked for."""
         checked = {n: canonical(t, f"state_schema of state {n!r}") for n, t in schemas.items()}
         with self._lock:
-            self.declared.update(checked)
             for name, schema in checked.items():
                 sid = self._names.names.get(name)
                 if sid is not None:
                     self._retype(sid, name, schema)
+                self.declared[name] = schema  # (a refused one is not declared)
 
     def confirm(self, descriptor: Any) -> int:
         """The id of the state a :class:`~dstl_ray.state.records.StateDescriptor` names

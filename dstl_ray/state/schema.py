@@ -171,12 +171,17 @@ def parse_schema(spec: Any, where: str = "state schema") -> pa.DataType:
         typ = _parse_type(t)
         if t.peek() is None:
             return typ
-    except ConfigError:
-        pass
+        as_type: ConfigError = ConfigError(f"{where} {spec!r}: unexpected {t.peek()!r}")
+    except ConfigError as e:
+        as_type = e
+    reached = t.i
     t.i = 0  # a column list: "name TYPE, name TYPE"
-    fields = _parse_fields(t, None)
-    if t.peek() is not None:
-        raise ConfigError(f"{where} {spec!r}: unexpected {t.peek()!r}")
+    try:
+        fields = _parse_fields(t, None)
+        if t.peek() is not None:
+            raise ConfigError(f"{where} {spec!r}: unexpected {t.peek()!r}")
+    except ConfigError as e:
+        raise (e if t.i > reached else as_type) from None  # the reading that got further
     return pa.struct(fields)
 
 

@@ -96,7 +96,8 @@ class Driver:
             False, {}
         op.progress = ProgressMetrics(job)
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
-        op.state_ttl = ()
+        op.state_ttl, op.state_schema, op.drop_state, op._initial, op.combine = (), (), (), \
+            None, None
         op.state_backend, op.local_dir = "heap", None
         op.api, op.output_schema = "rows", None
         op.outputs = Outputs("rows", None, None)
