@@ -5,9 +5,9 @@ A timer is a (key, domain, time) triple, time in milliseconds since the epoch. T
 keyed state: they live in the map state :data:`TIMERS_STATE` of their key (user key
 ``[domain, time]``), so every change to them is in the changelog, every checkpoint holds
 them, and restore and rescaling move them with their key group like any other state. The
-subtask's :class:`TimerService` keeps an in-memory heap over them only as an index: built by
-one scan when the subtask's backend is restored, pushed to on registration, and checked
-against the state when popped (a deleted or already fired timer is skipped).
+subtask's :class:`TimerService` keeps an index over them by time: built by one scan when the subtask's backend is restored and kept in step with every change
+(:mod:`spark_glue.timer_index`: a heap, or with ``state_backend="rocksdb"`` a local RocksDB
+ordered by key group and time, so 10M pending timers do not live on the Python heap).
 
 When they fire: in each micro-batch, after the update function has seen the batch's rows,
 every timer due fires, in time order, with its key's state: an event-time timer when the
@@ -21,7 +21,6 @@ while timers fire fires in the same batch if it is due too. Firing removes it.
 from __future__ import annotations
 
 import datetime as dt
-import heapq
 import math
 import numbers
 from collections.abc import Iterator
@@ -30,8 +29,15 @@ from typing import Any
 
 from dstl_ray.errors import StateError
 
+from .timer_index import (
+    EVENT,
+    PROCESSING,
+    HeapTimerIndex,
+    RocksDBTimerIndex,
+    TimerIndex,
+)
+
 TIMERS_STATE = "_timers"
-EVENT, PROCESSING = "event", "processing"
 
 
 @dataclass(frozen=True, order=True)
@@ -74,95 +80,100 @@ def _parse(entry: Any) -> tuple[str, int]:
 class TimerService:
     """The timers of one subtask (one backend): registration, deletion, and firing.
 
-    ``live`` mirrors the timers in state, so firing checks membership without a state read,
-    and the heaps are compacted when deleted timers' entries outnumber the live ones (a
-    timer pushed ahead on every event deletes one and registers one)."""
+    The timers are the state :data:`TIMERS_STATE`; which is due next, the subtask's
+    :mod:`~spark_glue.timer_index` tells (a heap in memory, or with
+    ``state_backend="rocksdb"`` a RocksDB of its own under ``local_dir``, so pending timers
+    cost disk, not memory). The index is built by one scan of the state, key group by key
+    group, when the service is made. :meth:`close` frees it (before the backend closes)."""
 
     # firings of timers registered during one pass beyond which timers re-registering at or
     # before the current time are taken for an endless loop
     MAX_FIRINGS_PER_PASS = 1_000_000
+    BUILD_BATCH = 50_000  # timers indexed per write while the index is built
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, state_backend: str = "heap",
+                 local_dir: str | None = None) -> None:
         self._state = backend.map_state(TIMERS_STATE)
-        self._heaps: dict[str, list[tuple[int, int, Any]]] = {EVENT: [], PROCESSING: []}
-        self._live: set[tuple[str, int, Any]] = set()
-        self._in_heap: set[tuple[str, int, Any]] = set()  # one heap entry per timer at most
-        self._seq = 0  # heap tiebreak: keys need not be comparable
+        key_of = self._state.key_of
+        self._index: TimerIndex = (RocksDBTimerIndex(key_of, local_dir)
+                                   if state_backend == "rocksdb" else HeapTimerIndex(key_of))
         self.registered = self.fired = 0  # by this service, ever (metrics)
-        for key in list(self._state.keys()):  # the index, rebuilt from state
-            for entry in self._state.items(key):
-                domain, t = _parse(entry)
-                self._live.add((domain, t, key))
-                self._push(key, domain, t)
+        try:
+            self._build()
+        except BaseException:
+            self._index.close()
+            raise
 
-    def _push(self, key: Any, domain: str, t: int) -> None:
-        if (domain, t, key) in self._in_heap:
-            return  # deleted and registered again: its old entry serves
-        self._in_heap.add((domain, t, key))
-        self._seq += 1
-        heapq.heappush(self._heaps[domain], (t, self._seq, key))
+    def _build(self) -> None:
+        batch: list[tuple[str, int, tuple[int, bytes]]] = []
+        for ref, entries in self._state.scan():  # the index, rebuilt from state
+            batch.extend((*_parse(e), ref) for e in entries)
+            if len(batch) >= self.BUILD_BATCH:
+                self._index.add_all(batch)
+                batch = []
+        if batch:
+            self._index.add_all(batch)
 
     def register(self, key: Any, domain: str, time: Any) -> None:
         t = _ms(time)
-        if (domain, t, key) not in self._live:
-            self._state.put(key, _entry(domain, t), 1)
-            self._live.add((domain, t, key))
-            self._push(key, domain, t)
+        ref = self._state.ref(key)
+        if self._index.add(domain, t, ref, key):
+            try:
+                self._state.put(key, _entry(domain, t), 1)
+            except BaseException:
+                self._index.discard(domain, t, ref, key)  # the index follows the state
+                raise
             self.registered += 1
 
     def delete(self, key: Any, domain: str, time: Any) -> None:
         t = _ms(time)
-        if (domain, t, key) in self._live:
+        if self._index.discard(domain, t, self._state.ref(key), key):
             self._state.remove(key, _entry(domain, t))
-            self._live.discard((domain, t, key))
-            if self.pending() > 2 * len(self._live) + 1024:
-                self._compact()
-
-    def _compact(self) -> None:
-        for domain, heap in self._heaps.items():
-            heap[:] = [e for e in heap if (domain, e[0], e[2]) in self._live]
-            heapq.heapify(heap)
-        self._in_heap = set(self._live)
 
     def of(self, key: Any) -> list[tuple[str, int]]:
         """The key's timers, (domain, time) in time order."""
         return sorted((_parse(e) for e in self._state.items(key)), key=lambda x: (x[1], x[0]))
 
     def pending(self) -> int:
-        """Heap entries (at least the live timers; deleted ones leave theirs until the heaps
-        are compacted)."""
-        return sum(len(h) for h in self._heaps.values())
+        """What the index holds for the pending timers (a heap's deleted entries too, until
+        it is compacted)."""
+        return self._index.entries()
 
     def live(self) -> int:
-        return len(self._live)
+        return len(self._index)
 
     def due(self, watermark_ms: int | None, now_ms: int) -> Iterator[Timer]:
         """Every timer due at ``watermark_ms`` (event time; None: none is) and ``now_ms``
         (processing time), earliest first, each removed from state as it is yielded (timers
         registered meanwhile are included when due)."""
-        limits = {EVENT: watermark_ms, PROCESSING: now_ms}
-        first_new, rearmed = self._seq, 0
+        limits = [(d, lim) for d, lim in ((EVENT, watermark_ms), (PROCESSING, now_ms))
+                  if lim is not None]
+        # every firing beyond the timers pending at the start is of a timer registered
+        # during this pass: a backlog of due timers is work, one that re-arms is a loop
+        backlog, n = len(self._index), 0
         while True:
-            tops = [(h[0][0], d) for d, h in self._heaps.items()
-                    if h and limits[d] is not None and h[0][0] <= limits[d]]
-            if not tops:
+            best: tuple[int, str, Any, Any] | None = None
+            for domain, limit in limits:
+                head = self._index.first(domain)
+                if head is not None and head[0] <= limit and (
+                        best is None or (head[0], domain) < (best[0], best[1])):
+                    best = (head[0], domain, head[1], head[2])
+            if best is None:
                 return
-            t, domain = min(tops)
-            _t, seq, key = heapq.heappop(self._heaps[domain])
-            self._in_heap.discard((domain, t, key))
-            if (domain, t, key) not in self._live:
-                continue  # deleted
-            # only timers registered during this pass count: a backlog of due timers is
-            # work, one that keeps re-arming itself is a loop
-            rearmed += seq > first_new
-            if rearmed > self.MAX_FIRINGS_PER_PASS:
+            t, domain, ref, key = best
+            n += 1
+            if n - backlog > self.MAX_FIRINGS_PER_PASS:
                 raise StateError(f"more than {self.MAX_FIRINGS_PER_PASS} timers fired in one "
                                  f"micro-batch (key {key!r} at {t}): does on_timer register "
                                  f"a timer at or before the time that fired it?")
+            self._index.discard(domain, t, ref, key)
             self._state.remove(key, _entry(domain, t))
-            self._live.discard((domain, t, key))
             self.fired += 1
             yield Timer(t, domain, key)
+
+    def close(self) -> None:
+        """Free the index (a RocksDB index deletes its directory); the timers stay in state."""
+        self._index.close()
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,14 @@ class _Entry:
     timers: TimerService | None = None  # built from the backend's state on first use
     attempt: str = ""  # the task attempt that left the state it holds
 
+    def close(self) -> None:
+        """Close the timers' index, then the backend (the index lives beside its state)."""
+        try:
+            if self.timers is not None:
+                self.timers.close()
+        finally:
+            self.backend.close()
+
     def usable(self, spec: TaskSpec, index: int) -> bool:
         """Holds exactly the restore checkpoint's state, in the driver's current epoch, left
         by the attempt whose snapshot that checkpoint took."""
@@ -201,11 +209,11 @@ def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
         elif e is not None:
             del _CACHE.entries[key]
     for x in dropped:
-        x.backend.close()
+        x.close()
     if reuse:
         return e, 0.0
     if e is not None:
-        e.backend.close()
+        e.close()
     t0 = time.perf_counter()
     backend = _restore(spec, index, client)
     restore_s = time.perf_counter() - t0
@@ -265,7 +273,7 @@ def timer_context(spec: TaskSpec, entry: _Entry, groups: Groups) -> tuple[TimerC
     if spec.on_timer is None:
         return None, seen
     if entry.timers is None:
-        entry.timers = TimerService(entry.backend)
+        entry.timers = TimerService(entry.backend, spec.state_backend, spec.local_dir)
     watermark = None if seen is None else seen - spec.allowed_delay_ms
     return TimerContext(entry.timers, watermark, spec.now_ms), seen
 

@@ -33,6 +33,15 @@ class _State:
                                 f"range {b.key_group_range.start}..{b.key_group_range.end}")
         return kg, b._ser.serialize(key)
 
+    def ref(self, key: Any) -> tuple[int, bytes]:
+        """``key``'s key group and serialized form: how the table files it (an index kept
+        beside the state, such as a timer index, files keys the same way)."""
+        return self._kg(key)
+
+    def key_of(self, raw: bytes) -> Any:
+        """The key whose serialized form is ``raw`` (:meth:`ref`'s second part)."""
+        return self._b._ser.deserialize(raw)
+
     def _log(self, kg: int, rec: bytes) -> None:
         self._b._writer.append(kg, rec)
 
@@ -99,7 +108,7 @@ class ValueState(_State):
     # update() per key, with the key groups and serialized keys computed once per chunk
 
     def refs(self, keys: Sequence[Any]) -> list[tuple[int, bytes]]:
-        """(key group, serialized key) of every key, for :meth:`values_at`/:meth:`update_at`."""
+        """:meth:`ref` of every key, for :meth:`values_at`/:meth:`update_at`."""
         return [self._kg(k) for k in keys]
 
     def values_at(self, refs: Sequence[tuple[int, bytes]], default: Any = None) -> list[Any]:
@@ -175,6 +184,20 @@ class MapState(_State):
         if ttl is None:
             return {de(uk): dv(v) for uk, v in m.items()}
         return {de(uk): dv(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
+
+    def scan(self) -> Iterator[tuple[tuple[int, bytes], dict[Any, Any]]]:
+        """Every key's map, key group by key group: ``(ref, {user key: value})``, ``ref``
+        as :meth:`ref` gives it (live entries only, with a TTL). The table is read one key
+        group at a time, so a scan of a large state holds one key group's entries."""
+        de = self._b._ser.deserialize
+        ttl, now = self._ttl()
+        for kg, k, m in self._t.items(self._sid, self._b.key_group_range):
+            if ttl is None:
+                yield (kg, k), {de(uk): de(v) for uk, v in m.items()}
+                continue
+            live = {de(uk): de(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
+            if live:
+                yield (kg, k), live
 
     def put(self, key: Any, user_key: Any, value: Any) -> None:
         kg, k = self._kg(key)

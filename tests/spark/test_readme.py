@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import dstl_ray
 import spark_glue
 from tests.unit.docs_util import readme_runs, runnable
 
@@ -29,7 +30,14 @@ def _totals(batches) -> tuple[Counter, Counter]:
 def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monkeypatch):
     monkeypatch.setenv("DSTL_NAMESPACE", namespace)  # the block's operators find this tree
     monkeypatch.setattr(spark_glue, "start_spark", lambda *args, **kwargs: spark)
-    tree_factory(base=f"file://{tmp_path}/data/dstl")
+    deployed = []
+
+    def deploy(base, address=None, **kwargs):  # the session's Ray, this test's namespace
+        assert base == f"file://{tmp_path}/data/dstl" and address == "auto"
+        deployed.append(tree_factory(base=base))
+        return deployed[-1]
+
+    monkeypatch.setattr(dstl_ray, "deploy", deploy)
     events = tmp_path / "data" / "events"
     events.mkdir(parents=True)
 
@@ -50,6 +58,7 @@ def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monke
     add_events(0)
     try:
         run(stream)  # it waits for the first file itself, and reads the output back
+        assert len(deployed) == 1  # the block deploys its tree
         assert sorted(tuple(r) for r in names["spark"].read.parquet(
             str(tmp_path / "out" / "user-totals")).collect()) == [("u1", 2, 6), ("u2", 1, 7)]
         query = names["query"]

@@ -7,6 +7,7 @@ watermark is the largest event time seen minus the allowed delay, and never goes
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import pyarrow as pa
 import pytest
@@ -32,19 +33,42 @@ from ..ckpt_util import MAXP, client, new_base
 FULL = d.KeyGroupRange(0, MAXP - 1)
 
 
-def backend(base: str, kgr: d.KeyGroupRange = FULL, restore=()) -> d.ChangelogKeyedStateBackend:
+def backend(base: str, kgr: d.KeyGroupRange = FULL, restore=(), kind: str = "heap",
+            local_dir: str | None = None) -> d.ChangelogKeyedStateBackend:
     return d.ChangelogKeyedStateBackend(client("timers", base), "op", kgr, MAXP,
-                                        materialization_interval=None, restore=restore)
+                                        materialization_interval=None, restore=restore,
+                                        state_backend=kind, local_dir=local_dir)
+
+
+@pytest.fixture(params=["heap", "rocksdb"])
+def kind(request) -> str:
+    """The state backend, and with it the timer index: a heap, or a local RocksDB."""
+    return request.param
+
+
+@pytest.fixture
+def service(kind, tmp_path):
+    """Makes TimerServices of ``kind``; each is closed (its index) after the test."""
+    made = []
+
+    def make(b: d.ChangelogKeyedStateBackend) -> TimerService:
+        s = TimerService(b, kind, str(tmp_path / "local"))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
 
 
 def fired(service: TimerService, watermark: int | None, now: int) -> list[tuple]:
     return [(t.time_ms, t.domain, t.key) for t in service.due(watermark, now)]
 
 
-def test_timers_fire_once_earliest_first_across_domains_and_only_when_due():
-    b = backend(new_base())
+def test_timers_fire_once_earliest_first_across_domains_and_only_when_due(kind, service):
+    b = backend(new_base(), kind=kind)
     try:
-        s = TimerService(b)
+        s = service(b)
         s.register("a", EVENT, 30)
         s.register("b", PROCESSING, 20)
         s.register("a", EVENT, 10)
@@ -65,10 +89,10 @@ def test_timers_fire_once_earliest_first_across_domains_and_only_when_due():
         b.close()
 
 
-def test_a_timer_registered_while_timers_fire_fires_in_the_same_pass_when_due():
-    b = backend(new_base())
+def test_a_timer_registered_while_timers_fire_fires_in_the_same_pass_when_due(kind, service):
+    b = backend(new_base(), kind=kind)
     try:
-        s = TimerService(b)
+        s = service(b)
         s.register("k", EVENT, 1)
         seen = []
         for t in s.due(10, 0):
@@ -81,11 +105,11 @@ def test_a_timer_registered_while_timers_fire_fires_in_the_same_pass_when_due():
         b.close()
 
 
-def test_timers_survive_restore_and_split_with_their_key_groups():
+def test_timers_survive_restore_and_split_with_their_key_groups(kind, service):
     base = new_base()
-    b = backend(base)
+    b = backend(base, kind=kind)
     try:
-        s = TimerService(b)
+        s = service(b)
         keys = [f"k{i}" for i in range(40)]
         for i, k in enumerate(keys):
             s.register(k, EVENT, 100 + i)
@@ -98,9 +122,9 @@ def test_timers_survive_restore_and_split_with_their_key_groups():
     halves = [key_group_range_for_subtask(MAXP, 2, i) for i in range(2)]
     got = []
     for kgr in halves:
-        nb = backend(base, kgr, [src])
+        nb = backend(base, kgr, [src], kind=kind)
         try:
-            ns = TimerService(nb)
+            ns = service(nb)
             for t in ns.due(10**6, 0):
                 assert d.assign_key_group(t.key, MAXP) in kgr
                 got.append(t.key)
@@ -189,10 +213,11 @@ def test_a_snapshots_event_time_round_trips_and_is_checked():
         KeyedStateSnapshot.from_dict({**d_, "event_time_ms": "soon"}, "memory://x")
 
 
-def test_deleted_timers_do_not_pile_up_and_a_runaway_loop_is_stopped(monkeypatch):
-    b = backend(new_base())
+def test_deleted_timers_do_not_pile_up_and_a_runaway_loop_is_stopped(kind, service,
+                                                                     monkeypatch):
+    b = backend(new_base(), kind=kind)
     try:
-        s = TimerService(b)
+        s = service(b)
         for i in range(20_000):  # an idle timeout pushed ahead on every event
             if i:
                 s.delete("k", PROCESSING, i - 1)
@@ -220,10 +245,10 @@ def test_times_of_numpy_numbers_and_naive_datetimes():
         _ms(float("nan"))
 
 
-def test_a_timer_deleted_and_registered_again_keeps_one_heap_entry_and_a_backlog_fires():
-    b = backend(new_base())
+def test_a_timer_deleted_and_registered_again_keeps_one_entry_and_a_backlog_fires(kind, service):
+    b = backend(new_base(), kind=kind)
     try:
-        s = TimerService(b)
+        s = service(b)
         for k in range(3000):  # the sessions' pattern: an event that does not move the end
             s.register(k, EVENT, 50)
             for _ in range(3):
@@ -236,4 +261,46 @@ def test_a_timer_deleted_and_registered_again_keeps_one_heap_entry_and_a_backlog
         finally:
             TimerService.MAX_FIRINGS_PER_PASS = cap
     finally:
+        b.close()
+
+
+def test_the_rocksdb_index_keeps_timers_on_disk_and_only_key_group_heads_in_memory(tmp_path):
+    """With state_backend="rocksdb" pending timers are RocksDB keys (key group, domain,
+    time, key): memory holds one head per key group and domain, whatever the count; the
+    earliest timer is found across key groups after its key group's head was deleted or
+    fired; negative and equal times order right; closing deletes the index's directory."""
+    from spark_glue.timer_index import RocksDBTimerIndex
+
+    local = tmp_path / "local"
+    b = backend(new_base(), kind="rocksdb", local_dir=str(local / "state"))
+    s = TimerService(b, "rocksdb", str(local))
+    try:
+        index = s._index
+        assert isinstance(index, RocksDBTimerIndex) and os.path.isdir(index.path)
+        for i in range(5000):
+            s.register(i, PROCESSING, 10_000 + (i * 7919) % 5000)
+        s.register("neg", EVENT, -5)
+        s.register("tie-a", EVENT, 3)
+        s.register("tie-b", EVENT, 3)
+        assert s.live() == 5003 and index.heads() <= 2 * MAXP
+        # the earliest of every key group was deleted: the next one is still found
+        earliest = sorted(range(5000), key=lambda i: (i * 7919) % 5000)
+        for i in earliest[:100]:
+            s.delete(i, PROCESSING, 10_000 + (i * 7919) % 5000)
+        got = fired(s, 3, 10_000 + 150)
+        assert got[0] == (-5, EVENT, "neg")
+        assert sorted(got[1:3]) == [(3, EVENT, "tie-a"), (3, EVENT, "tie-b")]
+        assert [t for t, _, _ in got[3:]] == list(range(10_100, 10_151))
+        assert s.live() == 5000 - 100 - 51
+        # a new service (a restored subtask) builds the same index from the state
+        s.close()
+        s2 = TimerService(b, "rocksdb", str(local))
+        try:
+            assert s2.live() == 4849 and s2.pending() == 4849
+            assert [t for t, _, _ in fired(s2, None, 10_160)] == list(range(10_151, 10_161))
+        finally:
+            s2.close()
+        assert not os.path.exists(index.path)
+    finally:
+        s.close()
         b.close()
