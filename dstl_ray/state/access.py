@@ -189,13 +189,13 @@ class MapState(_State):
         """Every key's map, key group by key group: ``(ref, {user key: value})``, ``ref``
         as :meth:`ref` gives it (live entries only, with a TTL). The table is read one key
         group at a time, so a scan of a large state holds one key group's entries."""
-        de = self._b._ser.deserialize
+        de, dv = self._b._ser.deserialize, self._vs.deserialize
         ttl, now = self._ttl()
         for kg, k, m in self._t.items(self._sid, self._b.key_group_range):
             if ttl is None:
-                yield (kg, k), {de(uk): de(v) for uk, v in m.items()}
+                yield (kg, k), {de(uk): dv(v) for uk, v in m.items()}
                 continue
-            live = {de(uk): de(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
+            live = {de(uk): dv(v[STAMP_SIZE:]) for uk, v in m.items() if alive(v, now, ttl)}
             if live:
                 yield (kg, k), live
 
