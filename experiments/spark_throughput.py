@@ -13,7 +13,8 @@ RayDP over 3 Ray nodes (3 executors x 1 core), one run, side by side:
   operator's ``combine``: per input partition, each key's count and sum before the shuffle,
   as Spark's partial aggregation does for the native aggregation).
 
-Every system computes the same per-user count and sum and emits each updated key's totals
+Every system computes the same per-user count and sum (dstl-ray: typed states, ``bigint``)
+and emits each updated key's totals
 (update mode; Spark's outputs go to the ``noop`` sink, dstl-ray's to the driver). The input is
 one Parquet file per micro-batch (keys uniform over the key space), the same files for every
 system. Per row: events/s (events over the median batch duration), batch p50/p90 (Spark's
@@ -128,7 +129,8 @@ def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: in
     op = KeyedStatefulOperator(job, key="user", update=update, api=api, namespace=NS,
                                parallelism=3, max_parallelism=128,
                                materialization_interval=10.0, sink=lambda b, out: None,
-                               combine=partial_count_and_sum if combine else None)
+                               combine=partial_count_and_sum if combine else None,
+                               state_schema={"count": "bigint", "sum": "bigint"})
 
     def start() -> Any:
         return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
