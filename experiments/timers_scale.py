@@ -74,7 +74,7 @@ def register(args: dict[str, Any]) -> dict[str, Any]:
         reg_s = time.perf_counter() - t0
         cur, _peak = _rss_mb()
         t0 = time.perf_counter()
-        b.materialize(force=True).result()
+        b.materialize_now()
         cc = coord.trigger_checkpoint().result()
         mat_s = time.perf_counter() - t0
         cur_after, peak = _rss_mb()

@@ -6,8 +6,9 @@ checkpointed, restored and rescaled with their key groups. The index is derived 
 built by one scan of that state when the subtask's backend is opened, kept in step with
 every registration, deletion and firing, and never checkpointed. Two kinds:
 
-* :class:`HeapTimerIndex` (``state_backend="heap"``): a heap per domain in Python, about
-  200 bytes of memory per pending timer, plus a set of the live ones.
+* :class:`HeapTimerIndex` (``state_backend="heap"``): a heap per domain in Python, plus a
+  set of the live timers: a few hundred bytes of memory per pending timer
+  (``experiments/timers_scale.py`` measures it).
 * :class:`RocksDBTimerIndex` (``state_backend="rocksdb"``): the timers in a local RocksDB,
   keyed ``key group | domain | time | key`` (key-group-prefixed, time-ordered, as Flink's
   RocksDB timers are), so pending timers cost disk, not memory; in memory only the
@@ -28,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from dstl_ray.errors import LocalStateError
 from dstl_ray.state.rocksdb_local import (
@@ -138,7 +139,8 @@ _KG = struct.Struct(">HB")  # key group, domain
 _TIME = struct.Struct(">Q")  # time + 2**63: negative times sort first
 _DOMAINS = {EVENT: 0, PROCESSING: 1}
 _OFFSET = 1 << 63
-WRITE_BUFFER = 16 << 20  # the index's memtable: what it holds in memory at most, about
+WRITE_BUFFER = 16 << 20  # the index's memtable (two at most)
+BLOCK_CACHE = 8 << 20  # the index's block cache
 
 
 class RocksDBTimerIndex:
@@ -157,8 +159,12 @@ class RocksDBTimerIndex:
             os.makedirs(parent, exist_ok=True)
             sweep_stale(parent)
             self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX + "timers-", dir=parent)
-            with open(f"{self.path}/{OWNER_FILE}", "w") as f:
-                f.write(owner_record())
+            try:
+                with open(f"{self.path}/{OWNER_FILE}", "w") as f:
+                    f.write(owner_record())
+            except BaseException:
+                shutil.rmtree(self.path, ignore_errors=True)  # (no sweep takes it, ownerless)
+                raise
         self._key_of = key_of
         self._heads: dict[str, dict[int, int]] = {EVENT: {}, PROCESSING: {}}
         self._heaps: dict[str, list[tuple[int, int]]] = {EVENT: [], PROCESSING: []}
@@ -169,6 +175,11 @@ class RocksDBTimerIndex:
                 opts = Options(raw_mode=True)
                 opts.create_if_missing(True)
                 opts.set_write_buffer_size(WRITE_BUFFER)
+                opts.set_max_write_buffer_number(2)  # memory: two memtables at most
+                table = BlockBasedOptions()
+                table.set_block_cache(Cache(BLOCK_CACHE))
+                table.set_bloom_filter(10, False)  # point reads of add and discard
+                opts.set_block_based_table_factory(table)
                 self._db: Any = Rdict(f"{self.path}/db", opts)
                 wo = WriteOptions()
                 wo.disable_wal = True  # the timers' state is the log; the index is rebuilt
@@ -222,12 +233,15 @@ class RocksDBTimerIndex:
         self._n -= 1
         return True
 
-    def _earliest(self, domain: str, kg: int) -> tuple[int, bytes] | None:
-        """The earliest timer of ``kg`` in ``domain`` in the database: (time, key bytes)."""
+    def _earliest(self, domain: str, kg: int, since: int) -> tuple[int, bytes] | None:
+        """The earliest timer of ``kg`` in ``domain`` in the database, at ``since`` or later
+        (its head: nothing is earlier), as (time, key bytes). Seeking from the head skips
+        the deleted and fired timers before it, which RocksDB keeps as tombstones until a
+        compaction (from the key group's start, every check would walk them all)."""
         prefix = _KG.pack(kg, _DOMAINS[domain])
         with self._io:
             it = self._db.iter()
-            it.seek(prefix)
+            it.seek(prefix + _TIME.pack(since + _OFFSET))
             if not it.valid():
                 return None
             k = it.key()
@@ -242,7 +256,7 @@ class RocksDBTimerIndex:
             if heads.get(kg) != t:
                 heapq.heappop(heap)  # superseded by a lower head, or the key group emptied
                 continue
-            found = self._earliest(domain, kg)
+            found = self._earliest(domain, kg, t)
             if found is None:
                 heapq.heappop(heap)
                 del heads[kg]

@@ -51,18 +51,23 @@ class Timer:
 
 def _ms(value: Any) -> int:
     """A timer or event time in ms since the epoch: a number (ms; numpy's too), or a datetime
-    (a naive one is UTC, as Spark's TimestampNTZ values are read for the watermark)."""
+    (a naive one is UTC, as Spark's TimestampNTZ values are read for the watermark); within
+    64 bits."""
+    t: int | None = None
     if isinstance(value, bool):
-        raise StateError(f"a time must be ms since the epoch or a datetime, got {value!r}")
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real) and math.isfinite(value):
-        return int(round(float(value)))
-    if isinstance(value, dt.datetime):
+        pass
+    elif isinstance(value, numbers.Integral):
+        t = int(value)
+    elif isinstance(value, numbers.Real) and math.isfinite(value):
+        t = int(round(float(value)))
+    elif isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
-        return int(round(value.timestamp() * 1000))
-    raise StateError(f"a time must be ms since the epoch or a datetime, got {value!r}")
+        t = int(round(value.timestamp() * 1000))
+    if t is None or not -(1 << 63) <= t < (1 << 63):
+        raise StateError(f"a time must be ms since the epoch or a datetime (within 64 "
+                         f"bits), got {value!r}")
+    return t
 
 
 def _entry(domain: str, t: int) -> str:
@@ -86,8 +91,8 @@ class TimerService:
     cost disk, not memory). The index is built by one scan of the state, key group by key
     group, when the service is made. :meth:`close` frees it (before the backend closes)."""
 
-    # firings of timers registered during one pass beyond which timers re-registering at or
-    # before the current time are taken for an endless loop
+    # timers registered due while timers fire (one pass) beyond which on_timer is taken for
+    # an endless loop (re-arming at or before the time that fired it)
     MAX_FIRINGS_PER_PASS = 1_000_000
     BUILD_BATCH = 50_000  # timers indexed per write while the index is built
 
@@ -98,6 +103,8 @@ class TimerService:
         self._index: TimerIndex = (RocksDBTimerIndex(key_of, local_dir)
                                    if state_backend == "rocksdb" else HeapTimerIndex(key_of))
         self.registered = self.fired = 0  # by this service, ever (metrics)
+        self._pass: dict[str, int] = {}  # while timers fire: each domain's limit
+        self._rearmed = 0  # timers registered due during the pass
         try:
             self._build()
         except BaseException:
@@ -124,11 +131,24 @@ class TimerService:
                 self._index.discard(domain, t, ref, key)  # the index follows the state
                 raise
             self.registered += 1
+            limit = self._pass.get(domain)
+            if limit is not None and t <= limit:  # due in the pass firing timers now
+                self._rearmed += 1
+                if self._rearmed > self.MAX_FIRINGS_PER_PASS:
+                    raise StateError(
+                        f"more than {self.MAX_FIRINGS_PER_PASS} timers registered due in one "
+                        f"micro-batch while timers fire (key {key!r} at {t}): does on_timer "
+                        f"register a timer at or before the time that fired it?")
 
     def delete(self, key: Any, domain: str, time: Any) -> None:
         t = _ms(time)
-        if self._index.discard(domain, t, self._state.ref(key), key):
-            self._state.remove(key, _entry(domain, t))
+        ref = self._state.ref(key)
+        if self._index.discard(domain, t, ref, key):
+            try:
+                self._state.remove(key, _entry(domain, t))
+            except BaseException:
+                self._index.add(domain, t, ref, key)  # the index follows the state
+                raise
 
     def of(self, key: Any) -> list[tuple[str, int]]:
         """The key's timers, (domain, time) in time order."""
@@ -148,28 +168,26 @@ class TimerService:
         registered meanwhile are included when due)."""
         limits = [(d, lim) for d, lim in ((EVENT, watermark_ms), (PROCESSING, now_ms))
                   if lim is not None]
-        # every firing beyond the timers pending at the start is of a timer registered
-        # during this pass: a backlog of due timers is work, one that re-arms is a loop
-        backlog, n = len(self._index), 0
-        while True:
-            best: tuple[int, str, Any, Any] | None = None
-            for domain, limit in limits:
-                head = self._index.first(domain)
-                if head is not None and head[0] <= limit and (
-                        best is None or (head[0], domain) < (best[0], best[1])):
-                    best = (head[0], domain, head[1], head[2])
-            if best is None:
-                return
-            t, domain, ref, key = best
-            n += 1
-            if n - backlog > self.MAX_FIRINGS_PER_PASS:
-                raise StateError(f"more than {self.MAX_FIRINGS_PER_PASS} timers fired in one "
-                                 f"micro-batch (key {key!r} at {t}): does on_timer register "
-                                 f"a timer at or before the time that fired it?")
-            self._index.discard(domain, t, ref, key)
-            self._state.remove(key, _entry(domain, t))
-            self.fired += 1
-            yield Timer(t, domain, key)
+        # a backlog of due timers is work; timers registered due while they fire are
+        # counted (register), and past MAX_FIRINGS_PER_PASS taken for a loop
+        self._pass, self._rearmed = dict(limits), 0
+        try:
+            while True:
+                best: tuple[int, str, Any, Any] | None = None
+                for domain, limit in limits:
+                    head = self._index.first(domain)
+                    if head is not None and head[0] <= limit and (
+                            best is None or (head[0], domain) < (best[0], best[1])):
+                        best = (head[0], domain, head[1], head[2])
+                if best is None:
+                    return
+                t, domain, ref, key = best
+                self._state.remove_at(ref, _entry(domain, t))  # (by ref: the key as filed)
+                self._index.discard(domain, t, ref, key)
+                self.fired += 1
+                yield Timer(t, domain, key)
+        finally:
+            self._pass = {}
 
     def close(self) -> None:
         """Free the index (a RocksDB index deletes its directory); the timers stay in state."""

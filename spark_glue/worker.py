@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,8 @@ from .routing import Groups, group_by_key, read_payloads, rows_of
 from .timers import TimerContext, TimerService, max_event_time_ms
 from .vectorized import apply_pandas, outputs_to_ipc
 from .views import KeyedState
+
+log = logging.getLogger(__name__)
 
 UpdateFn = Callable[[Any, list[Any], "KeyedState"], Iterable[Any] | None]
 
@@ -209,7 +212,10 @@ def backend_for(spec: TaskSpec, index: int, retry: bool, client: Any
         elif e is not None:
             del _CACHE.entries[key]
     for x in dropped:
-        x.close()
+        try:
+            x.close()
+        except Exception as e:  # noqa: BLE001 - one stale entry must not keep the others
+            log.warning("closing a stale state entry: %s", e)
     if reuse:
         return e, 0.0
     if e is not None:

@@ -208,7 +208,12 @@ class MapState(_State):
             self._t.put_map_value(self._sid, kg, k, uk, v)
 
     def remove(self, key: Any, user_key: Any) -> None:
-        kg, k = self._kg(key)
+        self.remove_at(self._kg(key), user_key)
+
+    def remove_at(self, ref: tuple[int, bytes], user_key: Any) -> None:
+        """:meth:`remove` of the key :meth:`ref` gave ``ref`` (an index kept beside the
+        state removes by the key as it was filed)."""
+        kg, k = ref
         uk = self._b._ser.serialize(user_key)
         with self._b._lock:
             self._log(kg, encode(Op.MAP_REMOVE, self._sid, k, b"", uk))

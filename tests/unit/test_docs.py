@@ -28,6 +28,8 @@ _CLASS = re.compile(r"(?<![\w.-])([A-Z][A-Za-z0-9_]*[a-z][A-Za-z0-9_]*)(?![\w-])
 FOREIGN = {
     "AbstractCheckpointStats": "Flink",
     "DataGeneratorSource": "Flink",
+    "KeyGroupPartitionedPriorityQueue": "Flink",
+    "PeriodicMaterializationManager": "Flink",
     "LocalDataOutputStream": "Flink",
     "RecoverableWriter": "Flink",
     "StateChangeFsUploader": "Flink",

@@ -233,6 +233,31 @@ def test_deleted_timers_do_not_pile_up_and_a_runaway_loop_is_stopped(kind, servi
         b.close()
 
 
+def test_a_loop_is_stopped_after_the_cap_however_many_timers_are_pending(kind, service,
+                                                                        monkeypatch):
+    """Pending future timers do not delay the loop check: it counts timers registered due
+    while timers fire, not firings beyond the backlog."""
+    b = backend(new_base(), kind=kind)
+    try:
+        s = service(b)
+        for i in range(1000):
+            s.register(f"later{i}", EVENT, 10_000 + i)  # pending, not due
+        monkeypatch.setattr(TimerService, "MAX_FIRINGS_PER_PASS", 50)
+        s.register("k", EVENT, 1)
+        n = 0
+        with pytest.raises(StateError, match="does on_timer register a timer at or before"):
+            for t in s.due(10, 0):
+                n += 1
+                s.register(t.key, EVENT, t.time_ms)  # re-arms at the time that fired it
+        assert n == 51
+        # registering future timers while timers fire is no loop (k's last re-arm is due)
+        s.register("x", EVENT, 2)
+        assert [t.key for t in s.due(10, 0) if not s.register(t.key, EVENT, 10**6)] == \
+            ["k", "x"]
+    finally:
+        b.close()
+
+
 def test_times_of_numpy_numbers_and_naive_datetimes():
     import numpy as np
 
@@ -243,6 +268,8 @@ def test_times_of_numpy_numbers_and_naive_datetimes():
     assert _ms(naive) == _ms(naive.replace(tzinfo=dt.UTC))
     with pytest.raises(StateError):
         _ms(float("nan"))
+    with pytest.raises(StateError, match="64 bits"):
+        _ms(1 << 63)
 
 
 def test_a_timer_deleted_and_registered_again_keeps_one_entry_and_a_backlog_fires(kind, service):
@@ -292,15 +319,28 @@ def test_the_rocksdb_index_keeps_timers_on_disk_and_only_key_group_heads_in_memo
         assert sorted(got[1:3]) == [(3, EVENT, "tie-a"), (3, EVENT, "tie-b")]
         assert [t for t, _, _ in got[3:]] == list(range(10_100, 10_151))
         assert s.live() == 5000 - 100 - 51
+        # churn (the sessions' pattern: a timer pushed ahead on every event) keeps the
+        # heads' heap bounded by the key groups
+        for r in range(5):
+            for i in range(200, 400):
+                s.delete(i, PROCESSING, 10_000 + (i * 7919) % 5000 + r)
+                s.register(i, PROCESSING, 10_000 + (i * 7919) % 5000 + r + 1)
+        assert len(index._heaps[PROCESSING]) <= 4 * len(index._heads[PROCESSING]) + 64
         # a new service (a restored subtask) builds the same index from the state
+        live = s.live()
         s.close()
+        assert not os.path.exists(index.path)
         s2 = TimerService(b, "rocksdb", str(local))
         try:
-            assert s2.live() == 4849 and s2.pending() == 4849
-            assert [t for t, _, _ in fired(s2, None, 10_160)] == list(range(10_151, 10_161))
+            assert s2.live() == s2.pending() == live
+            due = [t for t, _, _ in fired(s2, None, 10_160)]
+            assert due == sorted(due) and due and due[-1] <= 10_160
+            assert s2.live() == live - len(due)
+            assert os.path.isdir(s2._index.path)
         finally:
             s2.close()
-        assert not os.path.exists(index.path)
+        assert not os.path.exists(s2._index.path)
+        assert not [p for p in os.listdir(local) if p.startswith("dstl-rocksdb-timers-")]
     finally:
         s.close()
         b.close()
