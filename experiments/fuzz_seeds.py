@@ -23,7 +23,7 @@ from dstl_ray.format.changelog import read_prefixed
 from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.state.records import StateKind, TaggedSerializer, apply_records, check_stamps
 from dstl_ray.state.snapshot import ChangelogComponent, component_changes
-from dstl_ray.state.ttl import STAMP_SIZE
+from dstl_ray.state.ttl import STAMP_SIZE, spec_ttl
 from dstl_ray.storage.base import normalize_url
 from dstl_ray.storage.registry import get_storage
 
@@ -237,7 +237,8 @@ def restore_reads(cc: Any, storage: Any, parallelism: int) -> list[Tables]:
                 if mine is None:
                     continue
                 sid_map = t.sid_map(comp.states)
-                stamped = frozenset(i for i, spec in enumerate(comp.states) if len(spec) > 2)
+                stamped = frozenset(i for i, spec in enumerate(comp.states)
+                                    if spec_ttl(spec) is not None)
                 for kg, recs in component_changes(comp, base, own_dir, mine, storage):
                     recs = list(recs)
                     check_stamps(recs, stamped)

@@ -15,7 +15,7 @@ error (which row would win depends on the shuffle).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +74,11 @@ def split(table: Any, columns: Sequence[tuple[str, str]]) -> tuple[Any, Any]:
     return (rest if rest.num_rows else None), (initial if initial.num_rows else None)
 
 
-def load(backend: Any, table: Any, key: str, columns: Sequence[tuple[str, str]]) -> int:
+def load(backend: Any, table: Any, key: str, columns: Sequence[tuple[str, str]],
+         ttl: Mapping[str, Any] | None = None) -> int:
     """Set the value states of ``table``'s initial rows (vectorized: key groups and keys
-    computed once, one lock hold per state); returns how many keys."""
+    computed once, one lock hold per state), each with its TTL in ``ttl`` (the operator's
+    ``state_ttl``: loaded values are stamped as any write is); returns how many keys."""
     import pyarrow.compute as pc
 
     keys = table.column(key)
@@ -90,7 +92,7 @@ def load(backend: Any, table: Any, key: str, columns: Sequence[tuple[str, str]])
         if col not in table.column_names:
             continue
         values = table.column(col)
-        state = backend.value_state(name)
+        state = backend.value_state(name, (ttl or {}).get(name))
         if refs is None:
             refs = state.refs(keys.to_pylist())
         if values.null_count:

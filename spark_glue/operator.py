@@ -227,7 +227,10 @@ class KeyedStatefulOperator:
         self.coordinator.restore(None, operator_id, 0, **InitialState.start(
             None if self._initial else initial_state, self.coordinator, operator_id,
             self.namespace))
-        check_against(self.coordinator, operator_id, self.state_schema)  # not in a task
+        # a declared type stored values cannot follow fails here, not in a task; stored
+        # types the run leaves out are declared too
+        self.state_schema = check_against(self.coordinator, operator_id, self.state_schema,
+                                          self.drop_state)
         self.epoch = uuid.uuid4().hex
         self.history = BatchHistory(maxlen=history_limit)
         self.progress = ProgressMetrics(job_id)  # batch metrics in query.lastProgress

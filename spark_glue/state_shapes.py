@@ -59,25 +59,26 @@ def drop_spec(drop_state: Iterable[str] | None, declared: Iterable[str]) -> tupl
     return names
 
 
-def check_against(coordinator: Any, operator_id: str,
-                  schemas: tuple[tuple[str, str], ...]) -> None:
-    """Refuse, before any task runs, a declared type that the stored values of the
-    checkpoint the job goes on from (its latest, else its pinned restore point) cannot
-    follow: a :class:`~dstl_ray.errors.SchemaError` naming the state and both schemas (the
-    coordinator is shut down first). An untyped state that gains a type is checked value by
-    value when a subtask restores it."""
-    if not schemas:
-        return
+def check_against(coordinator: Any, operator_id: str, schemas: tuple[tuple[str, str], ...],
+                  drops: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+    """The types the job's subtasks declare: ``schemas``, and the stored type of every typed
+    state of the checkpoint the job goes on from (its latest, else its pinned restore
+    point) that ``schemas`` leaves out and ``drops`` keeps, so a subtask that first uses
+    such a state in this run types it as the others hold it (a checkpoint never has a state
+    typed in one snapshot and untyped in another). A declared type the stored values cannot
+    follow is refused before any task runs: a :class:`~dstl_ray.errors.SchemaError` naming
+    the state and both schemas (the coordinator is shut down first). An untyped state that
+    gains a type is checked value by value when a subtask restores it."""
     cc = coordinator.latest_checkpoint()
     if cc is None:
         point = coordinator.restore_point.current()
         if point is None:
-            return
+            return schemas
         cc = load_checkpoint(point.metadata_url)
     try:
         stored = operator_states(cc, operator_id)
     except StateError:
-        return  # no snapshot of this operator there: nothing to follow
+        return schemas  # no snapshot of this operator there: nothing to follow
     try:
         for name, ddl in schemas:
             info = stored.get(name)
@@ -86,3 +87,7 @@ def check_against(coordinator: Any, operator_id: str,
     except SchemaError:
         coordinator.shutdown()  # the operator is not made: its lease goes with it
         raise
+    declared = {n for n, _ in schemas}
+    return schemas + tuple(sorted((n, i.schema) for n, i in stored.items()
+                                  if i.schema is not None and n not in declared
+                                  and n not in drops))

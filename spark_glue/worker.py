@@ -179,8 +179,8 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
                                          state_backend=spec.state_backend,
                                          local_dir=spec.local_dir)
     try:
-        for name in spec.drop_state:  # (the next snapshot materializes first)
-            backend.schemas.drop(name)
+        for name in spec.drop_state:  # once per lineage (a retry keeps what came since)
+            backend.schemas.drop(name, once=True)
         backend.schemas.declare(dict(spec.state_schema))  # restored states migrate now
         if spec.initial:  # no snapshot of this job may name the other job's files
             backend.materialize_now()
@@ -320,7 +320,8 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     try:
         loaded, t_load = 0, time.perf_counter()
         if initial is not None:  # before the batch's own rows
-            loaded = load(backend, initial, spec.key, spec.initial_columns)
+            loaded = load(backend, initial, spec.key, spec.initial_columns,
+                          dict(spec.state_ttl))
         t_load = time.perf_counter() - t_load
         ttl = dict(spec.state_ttl)
         timers, seen = timer_context(spec, entry, groups)

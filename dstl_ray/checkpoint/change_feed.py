@@ -27,10 +27,8 @@ from ..errors import StateError
 from ..format.materialized import spec_dropped, spec_schema
 from ..keygroups import KeyGroupRange, key_group_range_for_subtask
 from ..state.records import Op, StateKind, TaggedSerializer, decode_record, split_items
-from ..state.schema import parse_schema
 from ..state.snapshot import ChangelogComponent
 from ..state.ttl import spec_ttl, unstamp
-from ..state.typed import TypedSerializer
 from .reader import (
     operator_states,
     read_range,
@@ -179,8 +177,12 @@ def read_change_feed(start: str, end: str, state: str, operator_id: str | None =
         kinds = [StateKind(spec[1]) for spec in comp.states]
         stamped = spec_ttl(comp.states[sid]) is not None
         schema = spec_schema(comp.states[sid])
-        dv = untyped.deserialize if schema is None else \
-            TypedSerializer(parse_schema(schema)).deserialize
+        if schema is None:
+            dv = untyped.deserialize
+        else:
+            from ..state.typed import serializer_for  # (pyarrow: only for typed states)
+
+            dv = serializer_for(schema).deserialize
         want = comp.key_group_range.intersect(mine)
         if want is None:
             continue

@@ -110,8 +110,8 @@ def _state_options(opts: object) -> tuple[int | None, str | None]:
                           f"{{\"ttl_ms\": positive int, \"schema\": DDL string, "
                           f"\"dropped\": true}})")
     ttl = opts.get("ttl_ms")
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)
-                            or not 0 < ttl < 2**63):
+    if "ttl_ms" in opts and (isinstance(ttl, bool) or not isinstance(ttl, int)
+                             or not 0 < ttl < 2**63):
         raise HandleError(f"bad state spec options {show(opts)}: ttl_ms must be a positive "
                           f"int")
     if "dropped" in opts:

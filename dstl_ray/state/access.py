@@ -22,8 +22,6 @@ class _State:
     def __init__(self, backend: Any, sid: int) -> None:
         self._b, self._sid = backend, sid
         self._t: StateTable = backend._table
-        # values: by the state's declared type if it has one (keys and map keys: untyped)
-        self._vs = backend._states.serializer(sid, backend._ser)
 
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
@@ -32,6 +30,13 @@ class _State:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
                                 f"range {b.key_group_range.start}..{b.key_group_range.end}")
         return kg, b._ser.serialize(key)
+
+    @property
+    def _vs(self) -> Any:
+        """How values are encoded: by the state's declared type if it has one (keys and map
+        keys: untyped), looked up at each use (a state retyped or dropped since this handle
+        was taken is encoded as it is now, or refused)."""
+        return self._b._states.serializer(self._sid, self._b._ser)
 
     def ref(self, key: Any) -> tuple[int, bytes]:
         """``key``'s key group and serialized form: how the table files it (an index kept

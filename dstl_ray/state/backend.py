@@ -106,7 +106,7 @@ class ChangelogKeyedStateBackend:
         self._states = StateNames(self._table.add_state)
         # declared types, retyped and dropped states (dstl_ray.state.evolution)
         self.schemas = Reshapes(self._states, self._table, key_group_range, self._ser,
-                                self._lock)
+                                self._lock, lambda: now_ms(self._ttl_clock()))
         # (the state classes of dstl_ray.state.access read these)
         self._names, self._kinds, self._ttls = (self._states.names, self._states.kinds,
                                                 self._states.ttls)

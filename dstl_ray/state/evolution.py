@@ -12,22 +12,29 @@ is logged: the backend's next snapshot starts from a materialization taken after
 
 from __future__ import annotations
 
+import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import CheckpointError, DstlError, SchemaError
 from .names import StateNames
 from .records import Serializer, StateKind
-from .schema import canonical, check_evolution, parse_schema, resolver
 from .table import StateTable
-from .ttl import STAMP_SIZE
-from .typed import TypedSerializer
+from .ttl import STAMP_SIZE, alive
+
+# (dstl_ray.state.schema and .typed import pyarrow: loaded only where types are declared)
 
 
 def _converter(name: str, old: Serializer, new: Serializer, resolve: Callable[[Any], Any],
-               stamped: bool, old_ddl: str, new_ddl: str) -> Callable[[bytes], bytes]:
+               ttl: tuple[int, int] | None, old_ddl: str, new_ddl: str
+               ) -> Callable[[bytes], bytes]:
+    """Re-encodes one stored value; ``ttl`` (ms, now ms) for a stamped state, whose expired
+    entries are kept as they are (never read again, and purged by the materialization the
+    change is followed by)."""
     def convert(b: bytes) -> bytes:
-        head, body = (b[:STAMP_SIZE], b[STAMP_SIZE:]) if stamped else (b"", b)
+        if ttl is not None and not alive(b, ttl[1], ttl[0]):
+            return b
+        head, body = (b[:STAMP_SIZE], b[STAMP_SIZE:]) if ttl is not None else (b"", b)
         try:
             return head + new.serialize(resolve(old.deserialize(body)))
         except DstlError as e:
@@ -76,9 +83,12 @@ class Reshapes:
     one starts from a materialization taken after it. Works under the backend's ``lock``."""
 
     def __init__(self, names: StateNames, table: StateTable, key_groups: Sequence[int],
-                 untyped: Serializer, lock: Any) -> None:
+                 untyped: Serializer, lock: Any, now_ms: Callable[[], int]) -> None:
         self._names, self._table, self._kgs, self._untyped = names, table, key_groups, untyped
-        self._lock = lock
+        self._lock, self._now_ms = lock, now_ms
+        # a rewrite failed half-way (a local disk error): values in both encodings, so no
+        # snapshot may be taken of this backend (a restore from the checkpoint is clean)
+        self.broken: str | None = None
         self.declared: dict[str, str] = {}  # state name -> canonical DDL this run gives
         self.generation = 0  # migrations and drops so far
         self.clean = 0  # the generation the last materialization started after
@@ -87,6 +97,8 @@ class Reshapes:
         """Declare the types of states by name (Spark DDL or pyarrow types): restored states
         of another type are migrated now, or a :class:`SchemaError` names the state and both
         schemas; new ones take theirs when first asked for."""
+        from .schema import canonical
+
         checked = {n: canonical(t, f"state_schema of state {n!r}") for n, t in schemas.items()}
         with self._lock:
             for name, schema in checked.items():
@@ -108,45 +120,64 @@ class Reshapes:
         return sid
 
     def _retype(self, sid: int, name: str, schema: str) -> None:
+        from .schema import check_evolution, parse_schema, resolver
+        from .typed import serializer_for
+
         old = self._names.schemas[sid]
         if old == schema:
             return
         if old is not None:
             check_evolution(name, old, schema)
         old_ser = self._names.serializer(sid, self._untyped)
-        new_ser = TypedSerializer(parse_schema(schema))
+        new_ser = serializer_for(schema)
         resolve = resolver(parse_schema(old), new_ser.type) if old is not None \
             else (lambda v: v)
-        convert = _converter(name, old_ser, new_ser, resolve, self._names.ttls[sid] is not None,
+        ttl = self._names.ttls[sid]
+        convert = _converter(name, old_ser, new_ser, resolve,
+                             None if ttl is None else (ttl, self._now_ms()),
                              old or "untyped", schema)
         kind = self._names.kinds[sid]
         rewrite(self._table, sid, kind, self._kgs, convert, write=False)  # all convert?
         self._names.retype(sid, schema)
-        rewrite(self._table, sid, kind, self._kgs, convert)
-        self.generation += 1
+        self.generation += 1  # (from here on the table is no longer what was logged)
+        try:
+            rewrite(self._table, sid, kind, self._kgs, convert)
+        except BaseException as e:
+            self.broken = f"the migration of state {name!r} failed half-way: {e}"
+            raise
 
-    def drop(self, name: str) -> bool:
-        """Remove state ``name`` and all its entries (False: there is none)."""
+    def drop(self, name: str, once: bool = False) -> bool:
+        """Remove state ``name`` and all its entries (False: there is none); the drop is
+        recorded in the state's spec either way. ``once``: not if this backend's state
+        (restored) records a drop of that name already, so a job restarted with the same
+        ``drop_state`` keeps a state of that name created since."""
         with self._lock:
-            sid = self._names.names.get(name)
-            if sid is None:
+            if once and self._names.dropped(name):
                 return False
-            clear_all(self._table, sid, self._kgs)
-            self._names.drop(name)
+            sid = self._names.names.get(name)
             self.generation += 1
-            return True
+            if sid is not None:
+                clear_all(self._table, sid, self._kgs)
+            self._names.drop(name)
+            return sid is not None
 
     def settle(self, materialize: Callable[..., Any], wait: Callable[..., Any]) -> None:
         """Before a snapshot: after a migration or drop (unlogged), materialize until one
         that started after it is done (the changelog before holds the old encoding)."""
-        for _ in range(10):
-            if self.clean >= self.generation:
-                return
-            f = materialize(force=True)
-            if f is None:
-                wait(timeout=300)  # one started before the change: wait, then again
-            else:
-                f.result(timeout=300)
+        if self.broken:
+            raise CheckpointError(f"no snapshot: {self.broken}")
+        try:
+            for _ in range(10):
+                if self.clean >= self.generation:
+                    return
+                f = materialize(force=True)
+                if f is None:
+                    wait(timeout=300)  # one started before the change: wait, then again
+                else:
+                    f.result(timeout=300)
+        except concurrent.futures.TimeoutError:
+            raise CheckpointError("the materialization after a state's schema changed took "
+                                  "over 300 s") from None
         if self.clean < self.generation:
             raise CheckpointError("no materialization completed after a state's schema "
-                                  "changed")
+                                  "changed (is the backend closed?)")

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from ..errors import StateError
 from ..format.materialized import DROPPED, StateSpec, StatesSpec
 from .records import Serializer, StateKind
-from .schema import parse_schema
 from .ttl import check_ttl_change
-from .typed import TypedSerializer
 
 MAX_STATES = 65535  # state ids are u16 in records
 
@@ -97,26 +95,42 @@ class StateNames:
         self._serializers.pop(sid, None)
 
     def drop(self, name: str) -> int | None:
-        """Forget state ``name`` (its id stays taken, as a dropped state's place); its id,
-        or None if there is no such state."""
+        """Forget state ``name``: its id stays taken, as a dropped state's place, and a
+        name no state has gets such a place too (the drop is recorded either way). Returns
+        the id of the state dropped, or None if there was none."""
         sid = self.names.pop(name, None)
-        if sid is not None:
-            self.schemas[sid] = DROPPED
-            self.ttls[sid] = None
-            self._serializers.pop(sid, None)
-            self._tombstones[name] = sid
-            self.confirmed.discard(sid)
+        if sid is None:
+            if name not in self._tombstones:
+                self._tombstones[name] = self._add(name, StateKind.VALUE, None, DROPPED)
+            return None
+        self.schemas[sid] = DROPPED
+        self.ttls[sid] = None
+        self._serializers.pop(sid, None)
+        self._tombstones[name] = sid
+        self.confirmed.discard(sid)
         return sid
 
     def serializer(self, sid: int, untyped: Serializer) -> Serializer:
-        """How state ``sid``'s values are encoded: by its schema, else ``untyped``."""
+        """How state ``sid``'s values are encoded: by its schema, else ``untyped``. A
+        dropped state has none (a handle taken before the drop fails)."""
         ser = self._serializers.get(sid)
         if ser is None:
             schema = self.schemas[sid]
-            ser = untyped if schema is None or schema == DROPPED else \
-                TypedSerializer(parse_schema(schema))
+            if schema == DROPPED:
+                raise StateError(f"state {self._by_sid[sid]!r} was dropped (ask for the "
+                                 f"state again for a new, empty one)")
+            if schema is None:
+                ser = untyped
+            else:
+                from .typed import serializer_for  # (pyarrow: only where types are declared)
+
+                ser = serializer_for(schema)
             self._serializers[sid] = ser
         return ser
+
+    def dropped(self, name: str) -> bool:
+        """Whether ``name`` has a dropped state's place (a drop this lineage made)."""
+        return name in self._tombstones
 
     def spec(self) -> StatesSpec:
         """``(name, kind)``, ``(name, kind, ttl ms)`` or ``(name, kind, ttl ms or None,

@@ -31,7 +31,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import FormatError, StateError
 from ..format.materialized import StateKind
-from .schema import canonical
 from .ttl import STAMP_SIZE, StateTtlConfig
 
 RECORD_VERSION = 1
@@ -74,6 +73,8 @@ class StateDescriptor:
         object.__setattr__(self, "kind", StateKind(self.kind))
         object.__setattr__(self, "ttl", StateTtlConfig.of(self.ttl))
         if self.schema is not None:  # canonical DDL from here on
+            from .schema import canonical  # (pyarrow: loaded only where types are declared)
+
             object.__setattr__(self, "schema",
                                canonical(self.schema, f"schema of state {self.name!r}"))
 

@@ -58,15 +58,17 @@ class RestoredState:
 
 
 def restore_state(sources: Sequence[RestoreSource], key_group_range: KeyGroupRange, job_id: str,
-                  register_state: Callable[[str, StateKind, int | None], int],
+                  register_state: Callable[[str, StateKind, int | None, str | None], int],
                   table: StateTable, merging: SubtaskFileManager | None,
                   job_path: str | None = None) -> RestoredState:
     """Apply every source's changes in ``key_group_range`` to ``table``.
 
-    ``register_state`` maps a state name, kind and TTL (ms, None without; values of a TTL
-    state carry timestamps) to its id, adding a new state to ``table`` (the backend's own
-    registration, so restored and later states share ids). A file that cannot be read or decoded raises :class:`RestoreError` naming the
-    checkpoint and the file.
+    ``register_state`` maps a state name, kind, TTL (ms, None without; values of a TTL
+    state carry timestamps) and schema (the declared type's DDL, DROPPED for a dropped
+    state's place, None when untyped) to its id, adding a new state to ``table`` (the
+    backend's own registration, so restored and later states share ids). A file that
+    cannot be read or decoded raises :class:`RestoreError` naming the checkpoint and the
+    file.
 
     ``job_path``: this job's directory. SST files the table opened as its database count as
     uploaded only if they lie there: a checkpoint of a job with the same id in another

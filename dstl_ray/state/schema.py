@@ -92,7 +92,7 @@ def _parse_type(t: _Tokens) -> pa.DataType:
         return pa.list_(item)
     if word == "map":
         t.take("<")
-        k = _parse_type(t)
+        k = _map_key(_parse_type(t), t.text)
         t.take(",")
         v = _parse_type(t)
         t.take(">")
@@ -105,6 +105,13 @@ def _parse_type(t: _Tokens) -> pa.DataType:
     raise ConfigError(f"state schema {t.text!r}: unknown type {word!r} (types: "
                       f"{', '.join(sorted(_SIMPLE))}, decimal(p,s), array<t>, map<k,v>, "
                       f"struct<name: t, ...>)")
+
+
+def _map_key(k: pa.DataType, where: str) -> pa.DataType:
+    """A map's key type: a scalar (a list or struct key would come back unhashable)."""
+    if pa.types.is_nested(k):
+        raise ConfigError(f"{where}: a map's keys must be of a scalar type, not {k}")
+    return k
 
 
 def _parse_fields(t: _Tokens, end: str | None) -> list[pa.Field]:
@@ -149,7 +156,8 @@ def normalize(t: pa.DataType, where: str = "state schema") -> pa.DataType:
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         return pa.list_(normalize(t.value_type, where))
     if pa.types.is_map(t):
-        return pa.map_(normalize(t.key_type, where), normalize(t.item_type, where))
+        return pa.map_(_map_key(normalize(t.key_type, where), where),
+                       normalize(t.item_type, where))
     if pa.types.is_struct(t):
         return pa.struct([pa.field(f.name, normalize(f.type, where), f.nullable) for f in t])
     raise ConfigError(f"{where}: type {t} has no Spark counterpart (use a Spark DDL type: "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import operator
 import struct
 from collections.abc import Callable, Mapping
@@ -189,7 +190,10 @@ def _decimal(t: pa.DataType) -> tuple[Enc, Dec]:
         d = decimal.Decimal(v)
         if not d.is_finite():
             raise _bad(t, v, "not finite")
-        unscaled = int(d.quantize(quantum, context=ctx).scaleb(scale, context=ctx))
+        try:
+            unscaled = int(d.quantize(quantum, context=ctx).scaleb(scale, context=ctx))
+        except decimal.InvalidOperation:
+            raise _bad(t, v, f"more than {precision} digits") from None
         if len(str(abs(unscaled))) > precision:
             raise _bad(t, v, f"more than {precision} digits")
         b = unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)
@@ -237,9 +241,13 @@ def _map(t: pa.DataType) -> tuple[Enc, Dec]:
     venc, vdec = codec_parts(t.item_type)
 
     def enc(v: Any, out: list[bytes]) -> None:
-        pairs = list(v.items()) if isinstance(v, Mapping) else None
-        if pairs is None:
-            raise _bad(t, v, "a map is a dict")
+        if isinstance(v, Mapping):
+            pairs = list(v.items())
+        elif isinstance(v, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 for p in v):
+            pairs = [tuple(p) for p in v]  # as Arrow gives a map: its (key, value) pairs
+        else:
+            raise _bad(t, v, "a map is a dict (or a list of key, value pairs)")
         _varint(len(pairs), out)
         for k, _ in pairs:
             if k is None:
@@ -323,6 +331,14 @@ def codec_parts(t: pa.DataType) -> tuple[Enc, Dec]:
     if pa.types.is_struct(t):
         return _struct(t)
     raise InvalidValueError(f"no encoding for type {t}")
+
+
+@functools.lru_cache(maxsize=256)
+def serializer_for(ddl: str) -> TypedSerializer:
+    """The (shared, stateless) serializer of a canonical DDL type."""
+    from .schema import parse_schema
+
+    return TypedSerializer(parse_schema(ddl))
 
 
 class TypedSerializer:

@@ -1,8 +1,9 @@
 """Initial state from a DataFrame (spark_glue.initial_frame), the subtask's side, on a real
-backend without Spark: a routed table is split into the batch's rows (the initial columns
-and the mark gone) and the initial rows; loading sets each column's value state per key, a
-null leaves a state unset, typed states take typed values, and a key twice or a value the
-untyped encoding lacks fails naming what is wrong."""
+backend without Spark: a subtask's payloads (the batch's and the initial rows', routed
+apart) are split into the batch's rows (the initial columns and the mark gone) and the
+initial rows; loading sets each column's value state per key (with the state's TTL), a null
+leaves a state unset, typed states take typed values, and a key twice or a value the untyped
+encoding lacks fails naming what is wrong."""
 
 from __future__ import annotations
 
@@ -22,17 +23,19 @@ COLS = (("count", PREFIX + "count"), ("since", PREFIX + "since"))
 
 
 def routed(batch_users, initial):
-    """A subtask's routed table: the batch's rows and the initial rows, as unionByName
-    makes them (missing columns null)."""
-    n, m = len(batch_users), len(initial)
-    return pa.table({
-        "user": batch_users + [u for u, _c, _s in initial],
-        "amount": [1] * n + [None] * m,
-        PREFIX + "count": [None] * n + [c for _u, c, _s in initial],
-        PREFIX + "since": pa.array([None] * n + [s for _u, _c, s in initial],
-                                   pa.timestamp("us", tz="UTC")),
-        FLAG: [None] * n + [True] * m,
-    })
+    """A subtask's routed table: the batch's payloads and the initial rows' payloads (routed
+    apart), joined as read_payloads joins them (missing columns null)."""
+    parts = []
+    if batch_users:
+        parts.append(pa.table({"user": batch_users, "amount": [1] * len(batch_users)}))
+    if initial:
+        parts.append(pa.table({
+            "user": [u for u, _c, _s in initial],
+            PREFIX + "count": pa.array([c for _u, c, _s in initial], pa.int64()),
+            PREFIX + "since": pa.array([s for _u, _c, s in initial],
+                                       pa.timestamp("us", tz="UTC")),
+            FLAG: [True] * len(initial)}))
+    return pa.concat_tables(parts, promote_options="permissive")
 
 
 def backend():
@@ -60,6 +63,25 @@ def test_split_and_load_set_each_keys_states_before_the_batch():
     plain = pa.table({"user": ["a"], "amount": [1]})
     assert split(plain, COLS) == (plain, None)
     assert split(None, COLS) == (None, None)
+    # a subtask that got only initial rows
+    rest, initial = split(routed([], [("q", 1, t0)]), COLS)
+    assert rest is None and initial.num_rows == 1
+
+
+def test_loaded_values_take_the_states_ttl():
+    """A state the operator's state_ttl names is loaded with its TTL (stamped as any write),
+    so the update function asking for it with the TTL finds it (not a TTL mismatch)."""
+    clock = [1_700_000_000.0]
+    b = d.ChangelogKeyedStateBackend(client("init", new_base()), "op", FULL, MAXP,
+                                     materialization_interval=None, ttl_clock=lambda: clock[0])
+    try:
+        _rest, initial = split(routed([], [("a", 5, None)]), COLS)
+        load(b, initial, "user", COLS[:1], {"count": d.StateTtlConfig.of(10)})
+        assert b.value_state("count", 10).value("a") == 5
+        clock[0] += 11
+        assert b.value_state("count", 10).value("a") is None  # expired: it was stamped
+    finally:
+        b.close()
 
 
 def test_a_duplicate_key_or_an_unencodable_value_fails_naming_it():

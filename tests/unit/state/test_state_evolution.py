@@ -101,9 +101,11 @@ def test_a_compatible_change_reads_old_values_in_the_new_shape_and_materializes_
         snap2 = snapshot_of(b)
     finally:
         b.close()
-    # the snapshot's base is a materialization taken after the migration, in the new schema
-    # (the changelog before it held the old encoding)
-    assert not isinstance(snap2.components[0], ChangelogComponent)
+    # the snapshot's base is a new materialization, taken after the migration, in the new
+    # schema (the changelog before it held the old encoding)
+    mats = [c for c in snap2.components if not isinstance(c, ChangelogComponent)]
+    before = {getattr(c, "path", None) or id(c) for c in snap.components}
+    assert mats and all(getattr(c, "path", None) not in before for c in mats)
     for s in specs(snap2):
         if s[0] == "session":
             assert spec_schema(s) == "struct<start:timestamp,n:bigint,tag:string>"
@@ -209,6 +211,16 @@ def test_a_typed_ttl_state_keeps_its_stamps_through_a_migration(table):
     try:
         t = b.value_state("t", ttl=10, schema="bigint")
         assert t.value("a") == 1
+        snap2 = snapshot_of(b)  # after the migration's materialization
+    finally:
+        b.close()
+    b = d.ChangelogKeyedStateBackend(client(JOB, base), "op", FULL, MAXP,
+                                     materialization_interval=None, ttl_clock=lambda: clock[0],
+                                     restore=[d.RestoreSource(snap2, base, JOB, "t")],
+                                     state_backend=table[0], local_dir=table[1])
+    try:
+        t = b.value_state("t", ttl=10, schema="bigint")
+        assert t.value("a") == 1
         clock[0] += 6  # 11 s after the write: expired (the migration kept the stamp)
         assert t.value("a") is None
     finally:
@@ -225,7 +237,7 @@ def test_a_dropped_state_is_gone_from_snapshots_restores_and_readers(table):
     finally:
         b.close()
     dropped = [s for s in specs(snap2) if spec_dropped(s)]
-    assert dropped and {s[0] for s in dropped} == {"amounts"}
+    assert {s[0] for s in dropped} == {"amounts", "never-was"}  # (each drop recorded)
     assert all(s[3] == DROPPED for s in dropped)
     b = restored(table, base, snap2)
     try:
@@ -268,3 +280,75 @@ def test_readers_use_the_schema_of_the_checkpoint(table, tmp_path):
                              "struct<start:timestamp,n:int,total:decimal(10,2)>")
     feed = list(read_change_feed(cc.metadata_url, cc2.metadata_url, "session", "op", 1, 0))
     assert [(x.key, x.value["n"]) for x in feed] == [("u1", 3)]
+
+
+def test_a_drop_happens_once_per_lineage_and_a_handle_after_it_fails(table):
+    """drop(once=True), as the operator's restores call it: a checkpoint that records the
+    drop keeps a state of that name created since (a task retry, a restart with the same
+    drop_state); a drop of a name no state has is recorded too; a handle taken before a
+    drop fails instead of writing into the dropped state's place."""
+    base = new_base()
+    b = backend(table, base)
+    try:
+        old = b.value_state("x")
+        old.update("k", 1)
+        assert b.schemas.drop("x", once=True)
+        with pytest.raises(d.StateError, match="'x' was dropped"):
+            old.update("k", 2)
+        b.value_state("x").update("k", 3)  # a new "x", created after the drop
+        assert not b.schemas.drop("never", once=True)  # recorded all the same
+        snap = snapshot_of(b)
+    finally:
+        b.close()
+    assert {s[0] for s in specs(snap) if spec_dropped(s)} == {"x", "never"}
+    b = restored(table, base, snap)
+    try:
+        assert not b.schemas.drop("x", once=True)  # this lineage dropped it already
+        assert not b.schemas.drop("never", once=True)
+        assert b.dump()["x"] == {"k": 3}
+        assert b.schemas.drop("x")  # without once: dropped again
+        assert "x" not in b.dump()
+    finally:
+        b.close()
+
+
+def test_the_snapshot_waits_for_a_materialization_that_started_after_a_migration(table):
+    """A materialization in flight when a state is retyped holds the old encoding: the
+    snapshot waits for it, then for one of its own, whose spec has the new type."""
+    import concurrent.futures
+    import threading
+
+    gate = threading.Event()
+
+    class Gated(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, *a, **kw):
+            def held():
+                gate.wait(30)
+                return fn(*a, **kw)
+            return super().submit(held)
+
+    base = new_base()
+    pool = Gated(max_workers=2)
+    b = d.ChangelogKeyedStateBackend(client(JOB, base), "op", FULL, MAXP,
+                                     materialization_interval=None, executor=pool,
+                                     state_backend=table[0], local_dir=table[1])
+    try:
+        b.value_state("n", schema="int").update("a", 1)
+        first = b.materialize(force=True)  # held at the gate, with "n" as int
+        b.schemas.declare({"n": "bigint"})
+        out = concurrent.futures.ThreadPoolExecutor(1).submit(snapshot_of, b)
+        assert not out.done()
+        gate.set()
+        first.result(timeout=30)
+        snap = out.result(timeout=30)
+        mats = [c for c in snap.components if not isinstance(c, ChangelogComponent)]
+        assert [spec_schema(s) for c in mats for s in c.states] == ["bigint"]
+    finally:
+        gate.set()
+        b.close()
+        pool.shutdown()
+    b = restored(table, base, snap)
+    try:
+        assert b.dump()["n"] == {"a": 1}
+    finally:
+        b.close()

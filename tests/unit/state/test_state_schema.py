@@ -223,3 +223,14 @@ def test_a_state_spec_carries_schema_and_dropped_places_and_round_trips():
         parse_states([["a", "value"], ["a", "value", {"schema": "int"}]])
     with pytest.raises(HandleError, match="dropped state has"):
         parse_states([["a", "value", {"dropped": True, "ttl_ms": 5}]])
+
+
+def test_map_keys_are_scalars_and_a_map_may_come_as_arrow_gives_it():
+    with pytest.raises(ConfigError, match="a map's keys must be of a scalar type"):
+        canonical("map<array<int>,int>")
+    with pytest.raises(ConfigError, match="a map's keys must be of a scalar type"):
+        canonical(pa.map_(pa.struct([("a", pa.int8())]), pa.int8()))
+    ser = TypedSerializer(parse_schema("map<string,bigint>"))
+    assert ser.deserialize(ser.serialize([("a", 1), ("b", None)])) == {"a": 1, "b": None}
+    with pytest.raises(InvalidValueError, match="more than 3 digits"):
+        TypedSerializer(parse_schema("decimal(3,0)")).serialize(decimal.Decimal("1E+90"))
