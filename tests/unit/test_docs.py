@@ -28,6 +28,7 @@ _CLASS = re.compile(r"(?<![\w.-])([A-Z][A-Za-z0-9_]*[a-z][A-Za-z0-9_]*)(?![\w-])
 FOREIGN = {
     "AbstractCheckpointStats": "Flink",
     "DataGeneratorSource": "Flink",
+    "Decimal": "Python's decimal module",
     "KeyGroupPartitionedPriorityQueue": "Flink",
     "PeriodicMaterializationManager": "Flink",
     "LocalDataOutputStream": "Flink",
