@@ -8,7 +8,7 @@ return an expired entry (:mod:`dstl_ray.state.ttl`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
@@ -90,14 +90,16 @@ class ValueState(_State):
         v = self._t.get_value(self._sid, kg, k)
         if v is None:
             return default
-        return self._read(v, default, *self._ttl())
+        return self._read(v, default, *self._ttl(), self._vs.deserialize)
 
-    def _read(self, v: bytes | None, default: Any, ttl: int | None, now: int) -> Any:
+    @staticmethod
+    def _read(v: bytes | None, default: Any, ttl: int | None, now: int,
+              de: Callable[[bytes], Any]) -> Any:
         """A stored value as the user sees it: ``default`` if absent or expired
-        (NeverReturnExpired), else deserialized without its TTL stamp."""
+        (NeverReturnExpired), else decoded by ``de`` without its TTL stamp."""
         if v is None or (ttl is not None and not alive(v, now, ttl)):
             return default
-        return self._vs.deserialize(v if ttl is None else v[STAMP_SIZE:])
+        return de(v if ttl is None else v[STAMP_SIZE:])
 
     def update(self, key: Any, value: Any) -> None:
         if value is None:
@@ -118,9 +120,9 @@ class ValueState(_State):
 
     def values_at(self, refs: Sequence[tuple[int, bytes]], default: Any = None) -> list[Any]:
         """:meth:`value` of every key of ``refs``, in order."""
-        get, read, sid = self._t.get_value, self._read, self._sid
+        get, read, sid, de = self._t.get_value, self._read, self._sid, self._vs.deserialize
         ttl, now = self._ttl()
-        return [read(get(sid, kg, k), default, ttl, now) for kg, k in refs]
+        return [read(get(sid, kg, k), default, ttl, now, de) for kg, k in refs]
 
     def update_at(self, refs: Sequence[tuple[int, bytes]], values: Sequence[Any]) -> None:
         """:meth:`update` of every key of ``refs`` with the value at the same position (None
