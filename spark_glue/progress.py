@@ -72,25 +72,33 @@ class ProgressMetrics(StreamingQueryListener):
         self.name = metric_name(job_id)
         self._lock = threading.Lock()
         self._pending: OrderedDict[tuple[str, int], dict[str, int | float]] = OrderedDict()
-        self._spark: Any = None
+        # query id -> the session whose query manager runs it (our listener is registered
+        # with each such session once: a query of another session, or of a session made
+        # after a restart of Spark, gets its metrics too)
+        self._owners: OrderedDict[str, Any] = OrderedDict()
+        self._sessions: list[Any] = []
 
     def record(self, spark: Any, batch_id: int, metrics: dict[str, int | float]) -> bool:
         """Keep ``metrics`` for the progress of ``batch_id`` of the query running this
         thread's micro-batch (False: no query runs it, as for ``transform`` called outside
-        ``foreachBatch``). On first use, registers the listener with the session that
-        started the query: a session's listeners hear only of its own queries, and the
-        micro-batch's DataFrame belongs to a clone of it."""
+        ``foreachBatch``). On a query's first batch, registers the listener with the
+        session that started it (once per session): a session's listeners hear only of its
+        own queries, and the micro-batch's DataFrame belongs to a clone of it."""
         query = spark.sparkContext.getLocalProperty(QUERY_ID)
         if not query:
             return False
         metrics = {k: _plain(v) for k, v in metrics.items() if v is not None}
         with self._lock:
-            if self._spark is None:
+            if query not in self._owners:
                 owner = _owner(query, spark)
                 if owner is None:
                     return False
-                owner.streams.addListener(self)
-                self._spark = owner
+                if not any(s is owner for s in self._sessions):
+                    owner.streams.addListener(self)
+                    self._sessions.append(owner)
+                self._owners[query] = owner
+                while len(self._owners) > PENDING:
+                    self._owners.popitem(last=False)
             self._pending[(query, batch_id)] = metrics
             while len(self._pending) > PENDING:
                 self._pending.popitem(last=False)
@@ -98,9 +106,10 @@ class ProgressMetrics(StreamingQueryListener):
 
     def close(self) -> None:
         with self._lock:
-            spark, self._spark = self._spark, None
+            sessions, self._sessions = self._sessions, []
+            self._owners.clear()
             self._pending.clear()
-        if spark is not None:
+        for spark in sessions:
             try:
                 spark.streams.removeListener(self)
             except Exception:  # noqa: BLE001 - a stopped session has no listeners left
@@ -112,7 +121,7 @@ class ProgressMetrics(StreamingQueryListener):
         progress = event.progress
         with self._lock:
             metrics = self._pending.pop((str(progress.id), progress.batchId), None)
-            spark = self._spark
+            spark = self._owners.get(str(progress.id))
         jprogress = getattr(progress, "_jprogress", None)
         if metrics is None or jprogress is None or spark is None:
             return

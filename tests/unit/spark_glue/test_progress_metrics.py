@@ -73,3 +73,17 @@ def test_a_batch_outside_a_streaming_query_is_not_recorded():
     spark = _Session(None)  # transform() called on a batch DataFrame of one's own
     pm = ProgressMetrics("job")
     assert not pm.record(spark, 0, {"rows": 1}) and spark.listeners == []
+
+
+def test_a_query_of_another_session_gets_the_listener_too():
+    """One operator fed by queries of two sessions (or of a session made after Spark was
+    restarted): each session gets the listener once, and each query's progress is
+    answered through its own session."""
+    first, second = _Session("q-1"), _Session("q-2")
+    pm = ProgressMetrics("job")
+    assert pm.record(first, 0, {"rows": 1}) and pm.record(first, 1, {"rows": 2})
+    assert pm.record(second, 0, {"rows": 3})
+    assert first.listeners == [pm] and second.listeners == [pm]
+    assert pm._owners == {"q-1": first, "q-2": second}
+    pm.close()
+    assert first.listeners == [] == second.listeners
