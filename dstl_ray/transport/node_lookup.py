@@ -126,9 +126,12 @@ class NodeLookup:
             if not self._stale:
                 return self._handle
             self._connect()
-            for lg in sorted(self._logs):  # (a failure leaves it stale: asked again next time)
-                self._get(self._handle.register_writer.remote(lg, self.job_id, self._caller),
-                          60.0)
+            # all at once, one deadline: a stalled node costs one wait, not one per writer
+            # (a failure leaves it stale: asked again next time)
+            refs = [self._handle.register_writer.remote(lg, self.job_id, self._caller)
+                    for lg in sorted(self._logs)]
+            if refs:
+                self._get(refs, 60.0)
             self._stale = False
             handle = self._handle
         if self._found is not None:

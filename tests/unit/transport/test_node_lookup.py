@@ -96,6 +96,25 @@ def test_a_stale_lookup_finds_the_node_again_and_registers_the_writers_there_fir
                          ("register_writer", ("w2", "J", "caller"))]
 
 
+def test_writers_are_registered_again_at_once_under_one_deadline():
+    """A stalled node costs the sender one wait for all its writers, not one per writer."""
+    waits: list[Any] = []
+
+    def get(ref: Any, timeout: float) -> Any:
+        waits.append((ref, timeout))
+        return ref
+
+    old, new = _Node("n"), _Node("n")
+    lookup = NodeLookup("J", None, _Resolver(old, new), get=get)
+    lookup.connect()
+    for w in ("w1", "w2", "w3"):
+        lookup.register(w)
+    waits.clear()
+    lookup.mark_stale()
+    assert lookup.current() is new
+    assert len(waits) == 1 and len(waits[0][0]) == 3 and waits[0][1] == 60.0
+
+
 def test_a_registration_that_fails_finds_the_node_again_and_tries_once_more():
     first = _Node("n", fail=[ray.exceptions.ActorDiedError()])
     second = _Node("n")
