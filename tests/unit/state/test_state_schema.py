@@ -103,7 +103,7 @@ def _typed(depth: int) -> st.SearchStrategy:
                      st.lists(inner, min_size=1, max_size=3).map(struct))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_every_value_of_every_type_round_trips(data):
     ddl, values = data.draw(_typed(2))
