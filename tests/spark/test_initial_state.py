@@ -86,6 +86,6 @@ def test_a_job_starts_from_a_dataframe_loaded_in_batch_zero(spark, tree_factory,
     again.process_batch(spark.createDataFrame(batches[2], "user STRING, amount LONG"), 2)
     later = again.state()
     again.close()
-    for u, a in batches[2]:
+    for u, _a in batches[2]:
         got["count"][u] = got["count"].get(u, 0) + 1
     assert later["count"] == got["count"]
