@@ -30,9 +30,12 @@ def _totals(batches) -> tuple[Counter, Counter]:
 def test_readme_spark_blocks_run(spark, tree_factory, namespace, tmp_path, monkeypatch):
     monkeypatch.setenv("DSTL_NAMESPACE", namespace)  # the block's operators find this tree
     monkeypatch.setattr(spark_glue, "start_spark", lambda *args, **kwargs: spark)
-    deployed = []
+    deployed, real = [], dstl_ray.deploy
 
-    def deploy(base, address=None, **kwargs):  # the session's Ray, this test's namespace
+    def deploy(base, config=None, *, address=None, detached=True):
+        if address is None:  # tree_factory's own call
+            return real(base, config, detached=detached)
+        # the block's: on the session's Ray, in this test's namespace
         assert base == f"file://{tmp_path}/data/dstl" and address == "auto"
         deployed.append(tree_factory(base=base))
         return deployed[-1]
