@@ -162,9 +162,11 @@ def report(args: Any, episodes: list[dict[str, Any]], seconds: float,
             "recovery_latency_ratio_by_kind": by_kind_max,
             "recovery_latency_ratio_statistic": (
                 "per kind, the median over its counted faults of p50(other job's checkpoint "
-                f"ms in [end + {args.heal_s:g} s, + {args.window_s:g} s)) / p50(in the "
-                f"{args.window_s:g} s before the fault); the _max is the max over kinds "
-                "(each kind's worst single fault: recovery_latency_by_kind)"),
+                f"ms in [end + {args.heal_s:g} s, + {args.window_s:g} s)) / the episode's "
+                f"baseline (the median of its counted faults' p50s in the {args.window_s:g} s "
+                "before each); the _max is the max over kinds (each kind's worst single "
+                "fault, and its ratio to the window before, ratio_to_before: "
+                "recovery_latency_by_kind)"),
             "recovery_latency_drift": run_drift,
             "recovery_latency_drift_by_episode": [r.get("drift") for r in episodes],
             "recovery_latency_by_kind": ratios,
