@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 from .common import parser, plt, write_results
+from .large_state import MAXP, _coordinator  # (one subtask of all 128 key groups)
 
-MAXP = 128
 CHUNK = 500_000
 T0 = 1_800_000_000_000  # the timers' times: ms since the epoch, spread over a day
 SPREAD = 86_400_000
@@ -44,16 +44,6 @@ def _rss_mb() -> tuple[float, float]:
     with open("/proc/self/status") as f:
         cur = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return cur / 1024, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _coordinator(base: str, job: str, kind: str, local: str) -> tuple[Any, Any]:
-    import dstl_ray as d
-
-    client = d.StateChangelogClient(job, transport=d.DirectTransport(job, base))
-    coord = d.CheckpointCoordinator(job, base, max_parallelism=MAXP, retained=1)
-    (b,) = coord.restore(client, "op", 1, materialization_interval=None, state_backend=kind,
-                         local_dir=local)
-    return coord, b
 
 
 def register(args: dict[str, Any]) -> dict[str, Any]:

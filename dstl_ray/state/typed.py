@@ -80,6 +80,19 @@ def _nulls(buf: memoryview, pos: int, n: int) -> tuple[list[bool], int]:
     return [bool(buf[pos + (i >> 3)] & (1 << (i & 7))) for i in range(n)], pos + size
 
 
+def _present(buf: memoryview, pos: int, decs: list[tuple[Any, Dec]], null: list[bool]
+             ) -> tuple[dict[Any, Any], int]:
+    """{label: value} of a map's or struct's items, in order: None where ``null`` says so,
+    else decoded by its decoder from ``pos`` on."""
+    out: dict[Any, Any] = {}
+    for (label, dec), isnull in zip(decs, null, strict=True):
+        if isnull:
+            out[label] = None
+        else:
+            out[label], pos = dec(buf, pos)
+    return out, pos
+
+
 def _bad(t: pa.DataType, v: Any, why: str = "") -> InvalidValueError:
     return InvalidValueError(f"{v!r} ({type(v).__name__}) is not a {to_ddl(t)}"
                              + (f": {why}" if why else ""))
@@ -265,13 +278,7 @@ def _map(t: pa.DataType) -> tuple[Enc, Dec]:
             k, pos = kdec(buf, pos)
             keys.append(k)
         null, pos = _nulls(buf, pos, n)
-        out = {}
-        for k, isnull in zip(keys, null, strict=True):
-            if isnull:
-                out[k] = None
-            else:
-                out[k], pos = vdec(buf, pos)
-        return out, pos
+        return _present(buf, pos, [(k, vdec) for k in keys], null)
     return enc, dec
 
 
@@ -300,15 +307,11 @@ def _struct(t: pa.DataType) -> tuple[Enc, Dec]:
             if x is not None:
                 fenc(x, out)
 
+    decs = [(name, fdec) for name, _nl, _e, fdec in fields]
+
     def dec(buf: memoryview, pos: int) -> tuple[Any, int]:
         null, pos = _nulls(buf, pos, len(fields))
-        out = {}
-        for (name, _nl, _e, fdec), isnull in zip(fields, null, strict=True):
-            if isnull:
-                out[name] = None
-            else:
-                out[name], pos = fdec(buf, pos)
-        return out, pos
+        return _present(buf, pos, decs, null)
     return enc, dec
 
 
