@@ -60,6 +60,7 @@ from .restore import (
 )
 from .restore_point import RestorePointFile
 from .savepoint import start_savepoint
+from .savepoint_parts import checkpoint_ranges
 
 __all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
     "DEFAULT_CHECKPOINT_TIMEOUT_S",
@@ -111,6 +112,9 @@ class CheckpointCoordinator:
         self._finisher = concurrent.futures.ThreadPoolExecutor(
             max_concurrent + 2, thread_name_prefix="dstl-cc")
         self._commit_lock = threading.Lock()
+        # savepoints of a checkpoint rewrite its ranges one at a time (one range in memory)
+        self._savepoint_pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="dstl-savepoint-part")
         # one live driver per job; taken when the job starts (restore, first checkpoint); its
         # epochs are claimed in {base}/_epochs/{job}/, outside the job directory
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
@@ -325,17 +329,24 @@ class CheckpointCoordinator:
 
     # ------------------------------------------------------------------ savepoints
 
-    def trigger_savepoint(self) -> concurrent.futures.Future[CompletedCheckpoint]:
+    def trigger_savepoint(self, of: CompletedCheckpoint | None = None, table: str = "heap"
+                          ) -> concurrent.futures.Future[CompletedCheckpoint]:
         """A full, self-contained snapshot (FLINK-5053) in a new directory
         ``{job}/savepoint-{random}/`` (:func:`start_savepoint`; its id is the checkpoint
         counter's, its directory never is): no shared files, restorable at any parallelism,
         never written into or deleted by this or any later run of the job. Its marker names
-        this incarnation, and its ``_metadata`` is written only while the lease holds."""
+        this incarnation, and its ``_metadata`` is written only while the lease holds.
+
+        Of the registered backends, or, with ``of``, of that complete checkpoint's state,
+        rewritten from its files in this process one range at a time (``table``: the kind
+        of throwaway table; :mod:`~dstl_ray.checkpoint.savepoint_parts`): for a job whose
+        backends live elsewhere, as the Spark operator's do."""
         inc = self.incarnation  # the job's lease, before anything is written
         with self._lock:
             n = self._new_id()
-            backends = list(self.backends)
-        return start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
+            parts = list(self.backends) if of is None else \
+                checkpoint_ranges(of, self.storage, self._savepoint_pool, table)
+        return start_savepoint(self.job_id, n, self.job_path, parts, self.max_parallelism,
                                self.storage, incarnation=str(inc), guard=self.lease.check)
 
     # ------------------------------------------------------------------ recovery
@@ -421,6 +432,7 @@ class CheckpointCoordinator:
             self.restore_point.remove()
         self.registry.flush(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
+        self._savepoint_pool.shutdown(wait=True)
         self.lease.release(delete=delete)
 
     def abandon(self) -> None:

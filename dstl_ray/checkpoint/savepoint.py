@@ -35,9 +35,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from ..errors import CheckpointDeclinedError, DstlError
-from ..state.backend import ChangelogKeyedStateBackend
 from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, join, normalize_url
 from .metadata import METADATA_FILE, CheckpointMetadata
@@ -74,12 +74,21 @@ def new_savepoint_dir(job_path: str, job_id: str, n: int, storage: Storage,
                                   f"under {job_path} after {_NAME_ATTEMPTS} tries")
 
 
+class SavepointPart(Protocol):
+    """What writes one part of a savepoint: a live backend
+    (:meth:`~dstl_ray.state.backend.ChangelogKeyedStateBackend.savepoint`), or one range of
+    a complete checkpoint (:class:`~dstl_ray.checkpoint.savepoint_parts.CheckpointRange`)."""
+
+    def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        """Write the part under ``target_dir``; its snapshot when done."""
+
+
 class _NotOurs(CheckpointDeclinedError):
     """The savepoint's ``_metadata`` exists already: the directory is not ours to clean."""
 
 
 def start_savepoint(job_id: str, n: int, job_path: str,
-                    backends: Iterable[ChangelogKeyedStateBackend], max_parallelism: int,
+                    backends: Iterable[SavepointPart], max_parallelism: int,
                     storage: Storage, *, incarnation: str = "",
                     guard: Callable[[], None] | None = None,
                     timeout_s: float | None = None
@@ -158,7 +167,7 @@ def _write_metadata(target: str, parts: Iterable[str], text: bytes, record: byte
     storage.write_file(url, text)
 
 
-def _part(backend: ChangelogKeyedStateBackend, target: str
+def _part(backend: SavepointPart, target: str
           ) -> concurrent.futures.Future[KeyedStateSnapshot]:
     """``backend``'s part; one that fails to start is a failed part (the parts already
     started still finish, and are cleaned up with the attempt)."""

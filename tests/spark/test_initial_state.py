@@ -1,6 +1,7 @@
 """Initial state (issue 30 item 2) on RayDP: a job started from another job's checkpoint, at
 another parallelism, holds that job's state plus its own batches, and the other job's files
-are untouched; a job started from a DataFrame loads it in batch 0, once."""
+are untouched; a job started from another job's savepoint (``op.savepoint()``) holds the state
+the savepoint was taken with; a job started from a DataFrame loads it in batch 0, once."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def test_a_job_starts_from_another_jobs_checkpoint(spark, tree_factory, namespac
                                   namespace=namespace, parallelism=3, max_parallelism=32,
                                   materialization_interval=0.0)
     run_stream(spark, first, src, tmp_path / "chk1")
+    savepoint = first.savepoint()  # the state of its latest batch, in a directory of its own
+    assert "/bootstrap-from/savepoint-" in savepoint
+    first_state = first.state()
+    assert first.state(savepoint) == first_state
     first.close()
     job_dir = first.base_path.removeprefix("file://") + "/bootstrap-from"
     before = {p: p.stat().st_mtime_ns for p in Path(job_dir).rglob("*")
@@ -51,6 +56,16 @@ def test_a_job_starts_from_another_jobs_checkpoint(spark, tree_factory, namespac
              if p.is_file() and p.name != "_lease"}
     assert {p: t for p, t in after.items() if p in before} == before  # none touched
     assert set(before) <= set(after)
+    # a third job starts from the savepoint, at parallelism 1
+    sp = KeyedStatefulOperator("bootstrap-sp", key="user", update=count_and_sum,
+                               namespace=namespace, parallelism=1, max_parallelism=32,
+                               materialization_interval=0.0, initial_state=savepoint)
+    sp.process_batch(spark.createDataFrame([("new-user", 4)], "user STRING, amount LONG"), 0)
+    got = sp.state()
+    sp.close()
+    assert got["count"].pop("new-user") == 1 and got["sum"].pop("new-user") == 4
+    got["hist"].pop("new-user")
+    assert got == first_state
 
 
 def test_a_job_starts_from_a_dataframe_loaded_in_batch_zero(spark, tree_factory, namespace):

@@ -3,7 +3,8 @@ DataFrame, read by key-group ranges in parallel Spark tasks, equals ``op.state()
 recomputation of the input; maps are one row per entry; an operator, a job id, a job directory
 and a checkpoint all name state; a state that does not exist is a clear error. The change feed
 (``spark_glue.read_change_feed``) between two checkpoints holds exactly the keys of the batches
-in between, each ending at its final value."""
+in between, each ending at its final value, also across a materialization (the job
+materializes every batch: the window is read as a diff of the two checkpoints)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 
 import pytest
 
+from dstl_ray.checkpoint.change_feed import CHANGELOG, DIFF, window_mode
 from dstl_ray.errors import ConfigError
 from spark_glue import KeyedStatefulOperator, read_change_feed, read_state
 
@@ -24,7 +26,7 @@ def test_read_state_equals_the_operators_state_and_a_recomputation(spark, tree_f
     write_events(src, 2, 300, seed=7)
     op = KeyedStatefulOperator("reader", key="user", update=count_and_sum,
                                namespace=namespace, parallelism=3, max_parallelism=32,
-                               materialization_interval=None, state_backend="rocksdb")
+                               materialization_interval=0.0, state_backend="rocksdb")
     run_stream(spark, op, src, tmp_path / "chk")
     start = op.coordinator.latest_checkpoint().metadata_url
     write_events(src, 1, 300, seed=8, start=2)  # one more batch
@@ -60,4 +62,13 @@ def test_read_state_equals_the_operators_state_and_a_recomputation(spark, tree_f
     assert {r["op"] for r in rows} == {"value_set"}
     last = {r["key"]: r["value"] for r in rows}
     assert last == {k: want["count"][k] for k in new_keys}
+    # from batch 0's checkpoint: batch 1's materialization truncated the log in between
+    first = f"{job_dir}/chk-0/_metadata"
+    assert window_mode(first, latest, "count") == DIFF
+    assert window_mode(start, latest, "count") == CHANGELOG
+    diff = read_change_feed(spark, first, op, "count", parallelism=2).collect()
+    keys_1_2 = {json.loads(line)["user"] for f in ("f0001.json", "f0002.json")
+                for line in (src / f).read_text().splitlines()}
+    assert {r["key"]: r["value"] for r in diff} == {k: want["count"][k] for k in keys_1_2}
+    assert {(r["op"], r["log"], r["order"], r["sqn"]) for r in diff} == {("value_set", "", 0, 0)}
     op.close()

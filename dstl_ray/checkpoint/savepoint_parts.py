@@ -1,0 +1,77 @@
+"""The parts of a savepoint taken from a complete checkpoint's files rather than from live
+backends (FLINK-5053's savepoint, written the way Flink's State Processor API rewrites a
+snapshot): each part restores one key-group range of one operator of the checkpoint into a
+throwaway table in a temporary directory and writes it as one whole materialized file.
+
+This is how a job whose backends live elsewhere takes a savepoint: the Spark operator's
+subtasks live in executors' Python workers, and between micro-batches the job's state is
+exactly its latest complete checkpoint, so a savepoint of that checkpoint is a savepoint of
+the job. The parts run one after the other on one thread of their own, so the process holds
+one range's state at a time; the checkpoint's files are only read (they may be another job's).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import tempfile
+import uuid
+from dataclasses import dataclass
+
+from ..format.materialized import MAT_SUFFIX
+from ..keygroups import key_group_range_for_subtask
+from ..state.files import write_full
+from ..state.names import StateNames
+from ..state.restore import restore_state
+from ..state.snapshot import KeyedStateSnapshot
+from ..state.tables import open_table
+from ..storage.base import Storage
+from .recovery import CompletedCheckpoint, assign_sources
+
+
+@dataclass(frozen=True)
+class CheckpointRange:
+    """Key-group range ``index`` of ``parts`` of operator ``operator_id`` in ``checkpoint``,
+    as a savepoint part (:func:`~dstl_ray.checkpoint.savepoint.start_savepoint` calls
+    :meth:`savepoint`). ``table``: ``"heap"`` or ``"rocksdb"`` for the throwaway table (a
+    large range belongs in RocksDB, as its job's backend had it)."""
+
+    checkpoint: CompletedCheckpoint
+    operator_id: str
+    parts: int
+    index: int
+    storage: Storage
+    pool: concurrent.futures.Executor
+    table: str = "heap"
+
+    def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        return self.pool.submit(self._write, target_dir)
+
+    def _write(self, target_dir: str) -> KeyedStateSnapshot:
+        cc = self.checkpoint
+        kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, self.parts, self.index)
+        sources = assign_sources(cc, self.operator_id, self.parts)[self.index]
+        with tempfile.TemporaryDirectory(prefix="dstl-savepoint-") as local:
+            table = open_table(self.table, kgr, local)
+            try:
+                names = StateNames(table.add_state)
+                restore_state(sources, kgr, "", names.register_restored, table, None)
+                handle = write_full(self.storage, table.view(), names.spec(), kgr, target_dir,
+                                    f"{uuid.uuid4().hex}{MAT_SUFFIX}", None, 0)
+            finally:
+                table.close()
+        return KeyedStateSnapshot(self.operator_id, kgr, (handle,))
+
+
+def checkpoint_ranges(checkpoint: CompletedCheckpoint, storage: Storage,
+                      pool: concurrent.futures.Executor, table: str = "heap"
+                      ) -> list[CheckpointRange]:
+    """Every operator of ``checkpoint``, one part per snapshot it has there (the
+    checkpoint's own parallelism: a savepoint is restorable at any other)."""
+    counts: dict[str, int] = {}
+    for s in checkpoint.metadata.snapshots:
+        counts[s.operator_id] = counts.get(s.operator_id, 0) + 1
+    return [CheckpointRange(checkpoint, op, n, i, storage, pool, table)
+            for op, n in sorted(counts.items()) for i in range(n)]
+
+
+__all__ = ["CheckpointRange", "checkpoint_ranges"]
