@@ -24,11 +24,14 @@ and left out), state commit p50 (Spark: the state operator's ``commitTimeMs``; d
 slowest subtask's persist plus the checkpoint metadata) and state files created per batch
 (every file name seen under the state directory, so files created and deleted count too).
 
-Run: python -m experiments.spark_throughput [--quick]
+Run: python -m experiments.spark_throughput [--quick] [--systems 0,1,3,4,5 --keep-from
+experiments/results/spark_throughput.json] (rows of systems not run are kept from an
+earlier run, each marked ``from_run`` with its date)
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tempfile
@@ -226,6 +229,10 @@ def main() -> None:
     p.add_argument("--events", default="", help="comma-separated events per batch")
     p.add_argument("--keys", default="", help="comma-separated key space sizes")
     p.add_argument("--systems", default="", help="comma-separated indexes into the systems")
+    p.add_argument("--keep-from", default="",
+                   help="an earlier spark_throughput.json: its rows of the systems not run "
+                        "now are kept, marked with that run's date (the slow ones need not "
+                        "run again)")
     args = p.parse_args()
     events = [int(x) for x in args.events.split(",") if x] or (
         [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000])
@@ -233,6 +240,8 @@ def main() -> None:
         [1_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000])
     systems = [int(x) for x in args.systems.split(",") if x] or list(range(len(SYSTEMS)))
     sizes = [(e, k) for e in events for k in keys]
+    # read before the run: a bad file must not cost the measurements
+    earlier = json.loads(Path(args.keep_from).read_text()) if args.keep_from else None
 
     import ray
     from pyspark import cloudpickle
@@ -283,6 +292,12 @@ def main() -> None:
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+
+    if earlier is not None:
+        ran = {SYSTEMS[i] for i in systems}
+        rows += [{**r, "from_run": r.get("from_run", earlier["machine"]["date"])}
+                 for r in earlier["rows"]
+                 if r["system"] not in ran and (r["events_per_batch"], r["keys"]) in sizes]
 
     def ratio(a: str, b: str, e: int, k: int) -> float | None:
         x = [r["events_per_s"] for r in rows if r["system"] == a

@@ -13,7 +13,9 @@ Workload, per index kind, each phase in a process of its own (peak RSS is the pr
 
 The heap index runs a smaller count by default (--heap-timers): at ~200 B per timer its
 memory is the point, and it grows linearly. Checkpoints go through a CheckpointCoordinator
-on file:// (DirectTransport: the state and its index are measured, not the tree).
+on file:// (DirectTransport: the state and its index are measured, not the tree). Each
+phase's process gets the environment ``spark_glue.start_spark`` gives executors (glibc's
+``MALLOC_ARENA_MAX``), as a subtask's Python worker has it.
 
 Run: python -m experiments.timers_scale [--quick] [--timers N] [--heap-timers N] [--fire N]
 """
@@ -31,9 +33,14 @@ import tempfile
 import time
 from typing import Any
 
+from spark_glue.session import DEFAULTS as SPARK_DEFAULTS
+
 from .common import parser, plt, write_results
 from .large_state import MAXP, _coordinator  # (one subtask of all 128 key groups)
 
+# what spark_glue.start_spark gives its executors' environment (their Python workers')
+EXECUTOR_ENV = {k.removeprefix("spark.executorEnv."): v for k, v in SPARK_DEFAULTS.items()
+                if k.startswith("spark.executorEnv.")}
 CHUNK = 500_000
 T0 = 1_800_000_000_000  # the timers' times: ms since the epoch, spread over a day
 SPREAD = 86_400_000
@@ -117,8 +124,10 @@ def restore(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _child(phase: str, args: dict[str, Any]) -> dict[str, Any]:
+    # the phase's process has the allocator settings of an executor's Python worker
+    env = {**os.environ, "MALLOC_ARENA_MAX": EXECUTOR_ENV["MALLOC_ARENA_MAX"]}
     p = subprocess.run([sys.executable, "-m", "experiments.timers_scale", "--phase", phase,
-                        "--args", json.dumps(args)], capture_output=True, text=True,
+                        "--args", json.dumps(args)], capture_output=True, text=True, env=env,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if p.returncode != 0:
         raise RuntimeError(f"{phase} ({args['kind']}) failed:\n{p.stderr[-4000:]}")
@@ -172,6 +181,7 @@ def main() -> None:
             "index_build_per_s": rocks["restore"]["index_build_per_s"],
             "target_peak_rss_mb": 512, "max_parallelism": MAXP, "runs": runs}
     data["within_target"] = data["peak_rss_mb"] <= 512
+    data["process_env"] = EXECUTOR_ENV
     fig, axes = plt().subplots(1, 2, figsize=(11, 4))
     names = [f"{r['kind']}\n{r['register']['timers'] / 1e6:g}M timers" for r in runs]
     ax = axes[0]

@@ -424,20 +424,24 @@ class KeyedStatefulOperator:
         url = checkpoint or (latest.metadata_url if latest else None)
         return {} if url is None else read_states(url, self.operator_id)
 
-    def savepoint(self, timeout: float | None = 600.0) -> str:
+    def savepoint(self, timeout: float = 600.0) -> str:
         """Take a savepoint of the job (FLINK-5053) and return its ``_metadata`` URL: the
         state of the latest complete micro-batch, rewritten from that checkpoint's files
         into a directory of its own under the job's (``savepoint-...``) that no run of the
         job ever writes into or deletes. Start a job from it with ``initial_state=`` (any
         parallelism) or read it with ``read_state``. Take it between batches (after
         ``processAllAvailable()`` or ``query.stop()``): a batch completing meanwhile may
-        subsume the checkpoint it reads, and the savepoint then fails, leaving nothing."""
+        subsume the checkpoint it reads, and the savepoint then fails, leaving nothing.
+        ``timeout``: seconds its parts may take together (one per subtask, rewritten one at
+        a time on the driver, under ``local_dir``); past it the savepoint fails and removes
+        what it wrote."""
         latest = self.coordinator.latest_checkpoint()
         if latest is None:
             raise StateError(f"job {self.job_id!r} has no complete checkpoint yet: a "
                              f"savepoint needs a micro-batch run first")
-        done = self.coordinator.trigger_savepoint(of=latest, table=self.state_backend)
-        return done.result(timeout).metadata_url
+        done = self.coordinator.trigger_savepoint(of=latest, table=self.state_backend,
+                                                  local_dir=self.local_dir, timeout_s=timeout)
+        return done.result().metadata_url  # the parts' timeout bounds it
 
     def close(self) -> None:
         """Stop coordinating (retained checkpoints stay for the next run)."""

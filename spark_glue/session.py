@@ -23,6 +23,12 @@ DEFAULTS = {
     # operator subtasks prefer the executor holding their cached state (spark_glue.placement);
     # a host-level shuffle preference would let any executor on a shared host take them
     "spark.shuffle.reduceLocality.enabled": "false",
+    # glibc gives every thread that allocates an arena of its own (up to 8 per core), and
+    # RocksDB's, Arrow's and Spark's threads leave each fragmented: two arenas keep a Python
+    # worker with RocksDB state near what it uses (10M pending timers in RocksDB: peak RSS
+    # 559 -> 491 MiB, experiments/timers_scale.py), as Hadoop's containers cap them at 4 and
+    # Flink's images swap in jemalloc for RocksDB
+    "spark.executorEnv.MALLOC_ARENA_MAX": "2",
 }
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import CheckpointDeclinedError, DstlError
+from ..errors import CheckpointDeclinedError, ConfigError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
@@ -329,25 +329,35 @@ class CheckpointCoordinator:
 
     # ------------------------------------------------------------------ savepoints
 
-    def trigger_savepoint(self, of: CompletedCheckpoint | None = None, table: str = "heap"
+    def trigger_savepoint(self, of: CompletedCheckpoint | None = None, table: str = "heap",
+                          local_dir: str | None = None, timeout_s: float | None = None
                           ) -> concurrent.futures.Future[CompletedCheckpoint]:
         """A full, self-contained snapshot (FLINK-5053) in a new directory
         ``{job}/savepoint-{random}/`` (:func:`start_savepoint`; its id is the checkpoint
         counter's, its directory never is): no shared files, restorable at any parallelism,
         never written into or deleted by this or any later run of the job. Its marker names
-        this incarnation, and its ``_metadata`` is written only while the lease holds.
+        this incarnation, and its ``_metadata`` is written only while the lease holds. Its
+        parts get ``timeout_s`` together (default ``SAVEPOINT_PART_TIMEOUT_S``).
 
-        Of the registered backends, or, with ``of``, of that complete checkpoint's state,
-        rewritten from its files in this process one range at a time (``table``: the kind
-        of throwaway table; :mod:`~dstl_ray.checkpoint.savepoint_parts`): for a job whose
-        backends live elsewhere, as the Spark operator's do."""
+        Of the registered backends, or, with ``of``, of that complete checkpoint's state
+        (its id is the checkpoint's), rewritten from its files in this process one range at
+        a time (``table``: the kind of throwaway table, under ``local_dir``;
+        :mod:`~dstl_ray.checkpoint.savepoint_parts`): for a job whose backends live
+        elsewhere, as the Spark operator's do."""
         inc = self.incarnation  # the job's lease, before anything is written
+        if of is not None and of.metadata.max_parallelism != self.max_parallelism:
+            raise ConfigError(f"checkpoint {of.metadata_url} has max parallelism "
+                              f"{of.metadata.max_parallelism}, job {self.job_id} "
+                              f"{self.max_parallelism}: its key groups would not match")
         with self._lock:
-            n = self._new_id()
-            parts = list(self.backends) if of is None else \
-                checkpoint_ranges(of, self.storage, self._savepoint_pool, table)
+            if of is None:
+                n, parts = self._new_id(), list(self.backends)
+            else:
+                n, parts = of.checkpoint_id, checkpoint_ranges(
+                    of, self.storage, self._savepoint_pool, table, local_dir)
         return start_savepoint(self.job_id, n, self.job_path, parts, self.max_parallelism,
-                               self.storage, incarnation=str(inc), guard=self.lease.check)
+                               self.storage, incarnation=str(inc), guard=self.lease.check,
+                               timeout_s=timeout_s)
 
     # ------------------------------------------------------------------ recovery
 
@@ -423,6 +433,7 @@ class CheckpointCoordinator:
             b.close()
         with self._lock:
             self.backends.clear()
+        self._savepoint_pool.shutdown(wait=True)  # before checkpoints go, and the lease
         delete = cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION
         if delete:
             with self._lock:
@@ -432,7 +443,6 @@ class CheckpointCoordinator:
             self.restore_point.remove()
         self.registry.flush(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
-        self._savepoint_pool.shutdown(wait=True)
         self.lease.release(delete=delete)
 
     def abandon(self) -> None:

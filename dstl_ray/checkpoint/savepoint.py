@@ -80,7 +80,9 @@ class SavepointPart(Protocol):
     a complete checkpoint (:class:`~dstl_ray.checkpoint.savepoint_parts.CheckpointRange`)."""
 
     def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
-        """Write the part under ``target_dir``; its snapshot when done."""
+        """Write the part under ``target_dir``; its snapshot when done. A part whose
+        ``queued`` attribute is true promises that cancelling a future not yet running
+        means the part never runs: a failed attempt cancels such parts."""
 
 
 class _NotOurs(CheckpointDeclinedError):
@@ -103,11 +105,16 @@ def start_savepoint(job_id: str, n: int, job_path: str,
     wait for them timed out) and what the attempt wrote is deleted."""
     timeout = SAVEPOINT_PART_TIMEOUT_S if timeout_s is None else timeout_s
     try:
+        if guard is not None:
+            guard()  # a driver that lost the job (or closed it) takes no directory
         target = new_savepoint_dir(job_path, job_id, n, storage, incarnation)
     except DstlError as e:
         return _failed(CheckpointDeclinedError(f"savepoint {n} of job {job_id} failed: {e}"))
     record = savepoint_marker(job_id, n, incarnation)
-    futures = [_part(b, target) for b in backends]
+    parts = list(backends)
+    futures = [_part(b, target) for b in parts]
+    # parts whose futures, once cancelled, never run (queued on an executor of their own)
+    queued = [f for b, f in zip(parts, futures, strict=True) if getattr(b, "queued", False)]
 
     def finish() -> CompletedCheckpoint:
         url = join(target, METADATA_FILE)
@@ -126,6 +133,8 @@ def start_savepoint(job_id: str, n: int, job_path: str,
             text = meta.to_json().encode()
             _write_metadata(target, meta.files(url).values(), text, record, storage, guard)
         except BaseException as e:
+            for f in queued:
+                f.cancel()  # parts queued behind the failed or late one never start
             if not isinstance(e, _NotOurs):
                 _, late = concurrent.futures.wait(
                     futures, timeout=max(0.0, deadline - time.monotonic()))

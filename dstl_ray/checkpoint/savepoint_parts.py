@@ -8,13 +8,17 @@ subtasks live in executors' Python workers, and between micro-batches the job's 
 exactly its latest complete checkpoint, so a savepoint of that checkpoint is a savepoint of
 the job. The parts run one after the other on one thread of their own, so the process holds
 one range's state at a time; the checkpoint's files are only read (they may be another job's).
+As a live backend's savepoint, it leaves out entries a state's TTL expired.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..format.materialized import MAT_SUFFIX
@@ -24,6 +28,7 @@ from ..state.names import StateNames
 from ..state.restore import restore_state
 from ..state.snapshot import KeyedStateSnapshot
 from ..state.tables import open_table
+from ..state.ttl import now_ms
 from ..storage.base import Storage
 from .recovery import CompletedCheckpoint, assign_sources
 
@@ -42,35 +47,50 @@ class CheckpointRange:
     storage: Storage
     pool: concurrent.futures.Executor
     table: str = "heap"
+    local_dir: str | None = None  # where the throwaway table lives (default: temp)
+    clock: Callable[[], float] = time.time  # TTL expiry is judged at this time
+    queued = True  # a cancelled future of :meth:`savepoint` never runs (savepoint.py)
 
     def savepoint(self, target_dir: str) -> concurrent.futures.Future[KeyedStateSnapshot]:
+        """Queued on the pool: a part not started yet can still be cancelled (a failed
+        attempt's remaining parts never run)."""
         return self.pool.submit(self._write, target_dir)
 
     def _write(self, target_dir: str) -> KeyedStateSnapshot:
         cc = self.checkpoint
         kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, self.parts, self.index)
         sources = assign_sources(cc, self.operator_id, self.parts)[self.index]
-        with tempfile.TemporaryDirectory(prefix="dstl-savepoint-") as local:
+        if self.local_dir is not None:
+            os.makedirs(self.local_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="dstl-savepoint-", dir=self.local_dir) as local:
             table = open_table(self.table, kgr, local)
             try:
                 names = StateNames(table.add_state)
                 restore_state(sources, kgr, "", names.register_restored, table, None)
+                # as a live backend's savepoint: expired entries are never saved (by the
+                # TTLs the checkpoint recorded)
+                if any(t is not None for t in names.ttls):
+                    table.purge_expired(names.ttls, now_ms(self.clock()))
                 handle = write_full(self.storage, table.view(), names.spec(), kgr, target_dir,
                                     f"{uuid.uuid4().hex}{MAT_SUFFIX}", None, 0)
             finally:
                 table.close()
-        return KeyedStateSnapshot(self.operator_id, kgr, (handle,))
+        # where an event-time watermark resumes (the largest its sources had seen)
+        marks = [s.snapshot.event_time_ms for s in sources
+                 if s.snapshot.event_time_ms is not None]
+        return KeyedStateSnapshot(self.operator_id, kgr, (handle,),
+                                  event_time_ms=max(marks) if marks else None)
 
 
 def checkpoint_ranges(checkpoint: CompletedCheckpoint, storage: Storage,
-                      pool: concurrent.futures.Executor, table: str = "heap"
-                      ) -> list[CheckpointRange]:
+                      pool: concurrent.futures.Executor, table: str = "heap",
+                      local_dir: str | None = None) -> list[CheckpointRange]:
     """Every operator of ``checkpoint``, one part per snapshot it has there (the
     checkpoint's own parallelism: a savepoint is restorable at any other)."""
     counts: dict[str, int] = {}
     for s in checkpoint.metadata.snapshots:
         counts[s.operator_id] = counts.get(s.operator_id, 0) + 1
-    return [CheckpointRange(checkpoint, op, n, i, storage, pool, table)
+    return [CheckpointRange(checkpoint, op, n, i, storage, pool, table, local_dir)
             for op, n in sorted(counts.items()) for i in range(n)]
 
 
