@@ -95,42 +95,30 @@ class KeyedStatefulOperator:
     a pandas DataFrame and their states by the column; the DataFrames it returns are
     collected into one pandas DataFrame, or a Spark DataFrame when ``output_schema`` is given.
     The outputs go to ``sink(batch_id, outputs)`` once the batch's checkpoint is complete.
-    The update function must be deterministic (a replayed batch must give the same state),
-    as for any Spark stateful operator.
+    The update function must be deterministic, as for any Spark stateful operator.
 
-    ``history`` holds the :class:`BatchStats` of the last ``history_limit`` batches (None:
-    all of them, for bounded runs that summarize every batch).
+    ``history``: the :class:`BatchStats` of the last ``history_limit`` batches (None: all).
+    ``state_ttl``: state names to a time-to-live (seconds or a
+    :class:`~dstl_ray.state.ttl.StateTtlConfig`: Flink's semantics, processing time,
+    refreshed by writes). Its duration may change between runs; adding or removing one for a
+    state a restored checkpoint names is refused: stored values carry timestamps or not.
 
-    ``state_ttl`` maps state names to a time-to-live (seconds or a
-    :class:`~dstl_ray.state.ttl.StateTtlConfig`, Flink's StateTtlConfig semantics: processing
-    time, refreshed by writes; an expired entry reads as absent and leaves the state at the
-    next materialization or savepoint, so no materialized file holds it). A state's TTL
-    duration may change between runs; adding or removing a TTL for a state the restored
-    checkpoint already names is refused (:class:`~dstl_ray.errors.StateError`): its stored
-    values carry timestamps or they do not.
+    ``combine`` (pandas in and out, the key column kept) runs on each input partition's rows
+    before the shuffle (Spark's partial aggregation); the update gets its outputs as rows.
 
-    ``combine`` (pandas DataFrame in and out, the key column kept) runs on each input
-    partition's rows before the shuffle, as Spark's partial aggregation does; the update
-    function then gets its outputs as rows (e.g. per-key counts and sums to add up).
+    ``state_schema``: state names to types (Spark DDL or pyarrow) that may evolve between
+    runs; ``drop_state``: states to remove (:mod:`spark_glue.state_shapes`).
 
-    ``state_schema`` maps state names to types (Spark DDL or pyarrow), which may evolve
-    between runs; ``drop_state`` lists states to remove (:mod:`spark_glue.state_shapes`).
+    ``state_backend``: ``"heap"`` (Python dicts) or ``"rocksdb"`` (a local RocksDB per
+    subtask under ``local_dir``); checkpoints of either restore into the other.
 
-    ``state_backend`` picks where each subtask keeps its state: ``"heap"`` (Python dicts,
-    the default) or ``"rocksdb"`` (a local RocksDB per subtask, in a working directory under
-    ``local_dir`` on the executor, default its temp directory: state larger than memory,
-    incremental materialization). Checkpoints of either restore into the other.
+    ``initial_state``: another job's checkpoint or savepoint to start from, at any
+    parallelism, when the job has none of its own (:mod:`spark_glue.initial`), or a
+    DataFrame of the key column and one column per value state (:mod:`~.initial_frame`).
 
-    ``initial_state`` starts the job from another job's checkpoint or savepoint (a URL or
-    path, a job id on the tree, or an operator: :mod:`spark_glue.initial`) at any
-    parallelism, whenever the job has no complete checkpoint of its own; resolved once and
-    pinned, its files never written or deleted. Or from a DataFrame of the key column and
-    one column per value state, loaded in batch 0 (:mod:`spark_glue.initial_frame`).
-
-    ``on_missing_state`` says what a batch ``n > 0`` does when the job has no complete
-    checkpoint ``n - 1`` (or ``n``, a replay): ``"fail"`` (the default) raises
-    :class:`~dstl_ray.errors.MissingStateError` on the driver before any task runs, naming
-    the job, the batch and what was found; ``"start_empty"`` starts over from empty state.
+    ``on_missing_state``: for a batch ``n > 0`` without a complete checkpoint ``n - 1`` (or
+    ``n``), ``"fail"`` raises :class:`~dstl_ray.errors.MissingStateError` before any task
+    runs, naming the job, batch and what was found; ``"start_empty"`` starts over.
     """
 
     def __init__(self, job_id: str, key: str, update: UpdateFn, *,
@@ -425,23 +413,19 @@ class KeyedStatefulOperator:
         return {} if url is None else read_states(url, self.operator_id)
 
     def savepoint(self, timeout: float = 600.0) -> str:
-        """Take a savepoint of the job (FLINK-5053) and return its ``_metadata`` URL: the
-        state of the latest complete micro-batch, rewritten from that checkpoint's files
-        into a directory of its own under the job's (``savepoint-...``) that no run of the
-        job ever writes into or deletes. Start a job from it with ``initial_state=`` (any
-        parallelism) or read it with ``read_state``. Take it between batches (after
-        ``processAllAvailable()`` or ``query.stop()``): a batch completing meanwhile may
-        subsume the checkpoint it reads, and the savepoint then fails, leaving nothing.
-        ``timeout``: seconds its parts may take together (one per subtask, rewritten one at
-        a time on the driver, under ``local_dir``); past it the savepoint fails and removes
-        what it wrote."""
+        """A savepoint of the job (FLINK-5053), its ``_metadata`` URL: the latest batch's
+        state, rewritten from that checkpoint's files (on the driver, a subtask's range at a
+        time, under ``local_dir``; ``timeout`` for all) into a ``savepoint-...`` directory no
+        run of the job writes into or deletes, for ``initial_state=`` or ``read_state``.
+        Take it between batches: a batch completing meanwhile may subsume what it reads, and
+        it then fails, leaving nothing."""
         latest = self.coordinator.latest_checkpoint()
         if latest is None:
-            raise StateError(f"job {self.job_id!r} has no complete checkpoint yet: a "
-                             f"savepoint needs a micro-batch run first")
-        done = self.coordinator.trigger_savepoint(of=latest, table=self.state_backend,
-                                                  local_dir=self.local_dir, timeout_s=timeout)
-        return done.result().metadata_url  # the parts' timeout bounds it
+            raise StateError(f"job {self.job_id!r} has no complete checkpoint yet: run a "
+                             f"micro-batch first")
+        return self.coordinator.trigger_savepoint(
+            of=latest, table=self.state_backend, local_dir=self.local_dir,
+            timeout_s=timeout).result().metadata_url
 
     def close(self) -> None:
         """Stop coordinating (retained checkpoints stay for the next run)."""

@@ -318,11 +318,11 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     timer_outputs: list[Any] = []  # the timers', when they go apart from the update's
     timer_ipc: list[bytes | None] = []
     try:
-        loaded, t_load = 0, time.perf_counter()
+        loaded, t_load, cpu_load = 0, time.perf_counter(), time.thread_time()
         if initial is not None:  # before the batch's own rows
             loaded = load(backend, initial, spec.key, spec.initial_columns,
                           dict(spec.state_ttl))
-        t_load = time.perf_counter() - t_load
+        t_load, cpu_load = time.perf_counter() - t_load, time.thread_time() - cpu_load
         ttl = dict(spec.state_ttl)
         timers, seen = timer_context(spec, entry, groups)
         before = _counts(entry)
@@ -347,6 +347,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         t2 = time.perf_counter()
         metrics = {"state_rows": backend.entries(), "state_bytes": snap.state_size(),
                    "initial_keys": loaded, "initial_load_ms": round(t_load * 1000, 3),
+                   "initial_load_cpu_ms": round(cpu_load * 1000, 3),
                    **{k: a - b for k, a, b in zip(_COUNTS, _counts(entry), before,
                                                   strict=True)}}
         holds = spec.batch_id

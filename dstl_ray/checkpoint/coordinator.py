@@ -16,7 +16,7 @@ is ready after a newer one completed is declined, never written.
 
 The class keeps the job's lists (backends, pending and retained checkpoints) and delegates
 whole concerns: how a pending checkpoint waits (:func:`await_snapshots`), which checkpoint a
-restore uses and what it keeps (:func:`plan_restore`), savepoints (:func:`start_savepoint`)
+restore uses and what it keeps (:func:`plan_restore`), savepoints (:class:`Savepoints`)
 and the directory claims of FLIP-306 (:func:`claim_checkpoint_dirs` and its siblings).
 """
 
@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import CheckpointDeclinedError, ConfigError, DstlError
+from ..errors import CheckpointDeclinedError, DstlError
 from ..state.backend import ChangelogKeyedStateBackend
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
@@ -59,8 +59,7 @@ from .restore import (
     settle_files,
 )
 from .restore_point import RestorePointFile
-from .savepoint import start_savepoint
-from .savepoint_parts import checkpoint_ranges
+from .savepoint import Savepoints
 
 __all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
     "DEFAULT_CHECKPOINT_TIMEOUT_S",
@@ -112,15 +111,14 @@ class CheckpointCoordinator:
         self._finisher = concurrent.futures.ThreadPoolExecutor(
             max_concurrent + 2, thread_name_prefix="dstl-cc")
         self._commit_lock = threading.Lock()
-        # savepoints of a checkpoint rewrite its ranges one at a time (one range in memory)
-        self._savepoint_pool = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="dstl-savepoint-part")
         # one live driver per job; taken when the job starts (restore, first checkpoint); its
         # epochs are claimed in {base}/_epochs/{job}/, outside the job directory
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
                               epochs_url=join(self.base_path, EPOCHS_DIR, job_id))
         self.declined = 0
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
+        self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
+                                     self.lease.check)
 
     # ------------------------------------------------------------------ incarnation
 
@@ -332,32 +330,12 @@ class CheckpointCoordinator:
     def trigger_savepoint(self, of: CompletedCheckpoint | None = None, table: str = "heap",
                           local_dir: str | None = None, timeout_s: float | None = None
                           ) -> concurrent.futures.Future[CompletedCheckpoint]:
-        """A full, self-contained snapshot (FLINK-5053) in a new directory
-        ``{job}/savepoint-{random}/`` (:func:`start_savepoint`; its id is the checkpoint
-        counter's, its directory never is): no shared files, restorable at any parallelism,
-        never written into or deleted by this or any later run of the job. Its marker names
-        this incarnation, and its ``_metadata`` is written only while the lease holds. Its
-        parts get ``timeout_s`` together (default ``SAVEPOINT_PART_TIMEOUT_S``).
-
-        Of the registered backends, or, with ``of``, of that complete checkpoint's state
-        (its id is the checkpoint's), rewritten from its files in this process one range at
-        a time (``table``: the kind of throwaway table, under ``local_dir``;
-        :mod:`~dstl_ray.checkpoint.savepoint_parts`): for a job whose backends live
-        elsewhere, as the Spark operator's do."""
+        """A savepoint (:class:`Savepoints`) of the backends, or of checkpoint ``of`` (its id)
+        rewritten from its files: for a job whose backends live elsewhere (Spark's)."""
         inc = self.incarnation  # the job's lease, before anything is written
-        if of is not None and of.metadata.max_parallelism != self.max_parallelism:
-            raise ConfigError(f"checkpoint {of.metadata_url} has max parallelism "
-                              f"{of.metadata.max_parallelism}, job {self.job_id} "
-                              f"{self.max_parallelism}: its key groups would not match")
         with self._lock:
-            if of is None:
-                n, parts = self._new_id(), list(self.backends)
-            else:
-                n, parts = of.checkpoint_id, checkpoint_ranges(
-                    of, self.storage, self._savepoint_pool, table, local_dir)
-        return start_savepoint(self.job_id, n, self.job_path, parts, self.max_parallelism,
-                               self.storage, incarnation=str(inc), guard=self.lease.check,
-                               timeout_s=timeout_s)
+            n, backends = self._new_id() if of is None else of.checkpoint_id, list(self.backends)
+        return self.savepoints.start(n, backends, str(inc), of, table, local_dir, timeout_s)
 
     # ------------------------------------------------------------------ recovery
 
@@ -433,7 +411,7 @@ class CheckpointCoordinator:
             b.close()
         with self._lock:
             self.backends.clear()
-        self._savepoint_pool.shutdown(wait=True)  # before checkpoints go, and the lease
+        self.savepoints.close()  # before checkpoints go, and the lease
         delete = cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION
         if delete:
             with self._lock:

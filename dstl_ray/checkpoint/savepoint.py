@@ -37,11 +37,12 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from ..errors import CheckpointDeclinedError, DstlError
+from ..errors import CheckpointDeclinedError, ConfigError, DstlError
 from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, join, normalize_url
 from .metadata import METADATA_FILE, CheckpointMetadata
 from .recovery import SAVEPOINT_MARKER, SAVEPOINT_PREFIX, CompletedCheckpoint, savepoint_marker
+from .savepoint_parts import checkpoint_ranges
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,40 @@ class SavepointPart(Protocol):
         """Write the part under ``target_dir``; its snapshot when done. A part whose
         ``queued`` attribute is true promises that cancelling a future not yet running
         means the part never runs: a failed attempt cancels such parts."""
+
+
+class Savepoints:
+    """A job's savepoints (FLINK-5053, the module docstring): of its live backends, or of a
+    complete checkpoint, whose key-group ranges are rewritten from its files in this process
+    one at a time on a thread of their own (one range in memory;
+    :mod:`~dstl_ray.checkpoint.savepoint_parts`). ``guard`` is the job lease's check."""
+
+    def __init__(self, job_id: str, job_path: str, max_parallelism: int, storage: Storage,
+                 guard: Callable[[], None]) -> None:
+        self.job_id, self.job_path, self.max_parallelism = job_id, job_path, max_parallelism
+        self.storage, self.guard = storage, guard
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-sp")
+
+    def start(self, n: int, backends: Iterable[SavepointPart], incarnation: str,
+              of: CompletedCheckpoint | None = None, table: str = "heap",
+              local_dir: str | None = None, timeout_s: float | None = None
+              ) -> concurrent.futures.Future[CompletedCheckpoint]:
+        """Savepoint ``n`` of ``backends``, or of the checkpoint ``of`` (``table``: its
+        throwaway tables' kind, under ``local_dir``); the parts get ``timeout_s``."""
+        if of is not None:
+            if of.metadata.max_parallelism != self.max_parallelism:
+                raise ConfigError(f"checkpoint {of.metadata_url} has max parallelism "
+                                  f"{of.metadata.max_parallelism}, job {self.job_id} "
+                                  f"{self.max_parallelism}: its key groups would not match")
+            backends = checkpoint_ranges(of, self.storage, self._pool, table, local_dir)
+        return start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
+                               self.storage, incarnation=incarnation, guard=self.guard,
+                               timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Wait for the checkpoint rewrites queued or running (a failed attempt's queued
+        parts are cancelled)."""
+        self._pool.shutdown(wait=True)
 
 
 class _NotOurs(CheckpointDeclinedError):

@@ -97,6 +97,19 @@ class StateChangelogWriter:
         if self._unsent_bytes >= self._preemptive_threshold:
             self._preemptive_persist()
 
+    def append_all(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        """:meth:`append` of each ``(key group, change)``, all or none (a bad one raises as
+        :meth:`append`), one pre-emptive persist check after them (pass chunks)."""
+        self._check_open()
+        lo, hi = self._kg_start, self._kg_end
+        for kg, value in entries:
+            if type(value) is not bytes or not (type(kg) is int and lo <= kg <= hi):
+                self.append(kg, value)  # raises
+        self._open.extend(entries)
+        self._unsent_bytes += sum(len(v) for _, v in entries) + ENTRY_OVERHEAD * len(entries)
+        if self._unsent_bytes >= self._preemptive_threshold:
+            self._preemptive_persist()
+
     # ------------------------------------------------------------------ sqn
 
     def _rollover(self) -> None:

@@ -17,6 +17,8 @@ from .records import Op, StateKind, encode, join_items
 from .table import StateTable
 from .ttl import STAMP_SIZE, alive, now_ms, stamp
 
+UPDATE_CHUNK = 4096  # keys of a columnar update logged together (bounded unsent memory)
+
 
 class _State:
     def __init__(self, backend: Any, sid: int) -> None:
@@ -131,18 +133,25 @@ class ValueState(_State):
             raise StateError(f"{len(values)} values for {len(refs)} keys")
         ser = self._vs.serialize
         ttl, now = self._ttl()
-        sid, t, log = self._sid, self._t, self._log
+        sid, t = self._sid, self._t
+        step = UPDATE_CHUNK
         with self._b._lock:
-            for (kg, k), value in zip(refs, values, strict=True):
-                if value is None:
-                    log(kg, encode(Op.VALUE_CLEAR, sid, k))
-                    t.clear(sid, kg, k)
-                    continue
-                v = ser(value)
-                if ttl is not None:
-                    v = stamp(v, now)
-                log(kg, encode(Op.VALUE_SET, sid, k, v))
-                t.set_value(sid, kg, k, v)
+            for lo in range(0, len(refs), step):  # the changelog takes a chunk at a time
+                changes: list[tuple[int, bytes]] = []
+                try:
+                    for (kg, k), value in zip(refs[lo:lo + step], values[lo:lo + step],
+                                              strict=True):
+                        if value is None:
+                            changes.append((kg, encode(Op.VALUE_CLEAR, sid, k)))
+                            t.clear(sid, kg, k)
+                            continue
+                        v = ser(value)
+                        if ttl is not None:
+                            v = stamp(v, now)
+                        changes.append((kg, encode(Op.VALUE_SET, sid, k, v)))
+                        t.set_value(sid, kg, k, v)
+                finally:  # what the table took is logged, also when a value fails
+                    self._b._writer.append_all(changes)
 
 
 class ListState(_State):

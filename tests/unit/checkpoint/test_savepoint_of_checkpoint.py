@@ -101,7 +101,7 @@ def test_expired_entries_are_not_saved_and_the_savepoint_is_the_checkpoints_id(t
     b.value_state("plain").update("k", 1)
     cc = coord.trigger_checkpoint().result()
     later = [replace(r, clock=lambda: 10.0 ** 9 * 4) for r in
-             checkpoint_ranges(cc, get_storage(base), coord._savepoint_pool)]
+             checkpoint_ranges(cc, get_storage(base), coord.savepoints._pool)]
     sp = start_savepoint("job", cc.checkpoint_id, f"{base}/job", later, MAXP,
                          get_storage(base)).result(timeout=60)
     assert read_state(sp.metadata_url, "t", now_ms=0) == {}  # purged, not merely hidden

@@ -233,3 +233,24 @@ def test_requests_carry_the_newest_checkpoint_the_log_made_a_handle_for():
     w.append(0, b"d")
     w.persist_durably(0, checkpoint_id=9).result(timeout=10)
     assert [r.named for r in sent][2:] == [UNKNOWN_USE, UNKNOWN_USE]
+
+
+def test_append_all_is_append_of_each_and_a_bad_entry_appends_nothing():
+    _, c = make()
+    one, bulk = (c.create_writer(op, KeyGroupRange(4, 7)) for op in ("one", "bulk"))
+    entries = [(4 + i % 4, b"v%d" % i) for i in range(50)]
+    for kg, v in entries:
+        one.append(kg, v)
+    bulk.append_all(entries)
+    assert one.last_appended_sqn() == bulk.last_appended_sqn() == 1
+    got = [one.persist_durably(0).result(timeout=10), bulk.persist_durably(0).result(timeout=10)]
+    assert [[list(h.get_state_changes(kg)) for kg in range(4, 8)] for h in got] == [
+        [[v for k, v in entries if k == kg] for kg in range(4, 8)]] * 2
+    with pytest.raises(KeyGroupError, match="outside"):
+        bulk.append_all([(4, b"ok"), (8, b"x")])
+    with pytest.raises(InvalidValueError, match="bytes"):
+        bulk.append_all([(4, b"ok"), (5, "text")])  # type: ignore[list-item]
+    assert bulk.last_appended_sqn() == 1  # nothing of either was appended
+    bulk.close()
+    with pytest.raises(WriterClosedError):
+        bulk.append_all([(4, b"y")])

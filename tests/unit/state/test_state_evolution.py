@@ -352,3 +352,26 @@ def test_the_snapshot_waits_for_a_materialization_that_started_after_a_migration
         assert b.dump()["n"] == {"a": 1}
     finally:
         b.close()
+
+
+def test_a_columnar_update_that_fails_midway_logs_what_the_table_took(table):
+    """``update_at`` logs its changes a chunk at a time: a value that cannot be encoded fails
+    the call, and what the table took before it is in the changelog too (a restore of the
+    next snapshot holds exactly the backend's state)."""
+    base = new_base()
+    b = backend(table, base)
+    try:
+        n = b.value_state("n", schema="bigint")
+        keys = [f"k{i}" for i in range(10)]
+        with pytest.raises(d.DstlError):
+            n.update_at(n.refs(keys), [1, 2, 3, "three", 5, 6, 7, 8, 9, 10])
+        want = {k: v for k, v in b.dump()["n"].items()}
+        assert want == {"k0": 1, "k1": 2, "k2": 3}
+        snap = snapshot_of(b)
+    finally:
+        b.close()
+    again = restored(table, base, snap)
+    try:
+        assert again.dump()["n"] == want
+    finally:
+        again.close()
