@@ -42,6 +42,14 @@ def _fill(bs, lo, hi, tag):
                 m.put(k, i % 5, [tag, i])
 
 
+def _checkpointed(tmp_path, keys):
+    """A heap job of parallelism 2 with ``keys`` keys and a checkpoint of them."""
+    base = new_base(tmp_path)
+    coord, bs = _job(base, "heap", tmp_path)
+    _fill(bs, 0, keys, "a")
+    return base, coord, coord.trigger_checkpoint().result()
+
+
 def _dump(bs):
     return {name: entries for name, entries in dump_all(bs).items() if entries}
 
@@ -81,10 +89,7 @@ def test_a_savepoint_of_a_checkpoint_holds_that_checkpoints_state(tmp_path, tabl
 
 
 def test_a_part_that_cannot_read_its_checkpoint_fails_the_savepoint_leaving_nothing(tmp_path):
-    base = new_base(tmp_path)
-    coord, bs = _job(base, "heap", tmp_path)
-    _fill(bs, 0, 100, "a")
-    cc = coord.trigger_checkpoint().result()
+    base, coord, cc = _checkpointed(tmp_path, 100)
     gone = sorted(u for u in cc.files.values() if "/savepoint-" not in u)[0]
     get_storage(gone).delete(gone)
     with pytest.raises(CheckpointDeclinedError, match="savepoint"):
@@ -115,10 +120,7 @@ def test_expired_entries_are_not_saved_and_the_savepoint_is_the_checkpoints_id(t
 
 
 def test_another_max_parallelism_is_refused(tmp_path):
-    base = new_base(tmp_path)
-    coord, bs = _job(base, "heap", tmp_path)
-    _fill(bs, 0, 10, "a")
-    cc = coord.trigger_checkpoint().result()
+    base, coord, cc = _checkpointed(tmp_path, 10)
     coord.shutdown()
     other = d.CheckpointCoordinator("other", base, max_parallelism=MAXP * 2)
     with pytest.raises(ConfigError, match="max parallelism"):
