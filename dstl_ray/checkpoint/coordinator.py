@@ -118,7 +118,7 @@ class CheckpointCoordinator:
         self.declined = 0
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
-                                     self.lease.check)
+                                     self.lease.check, self.registry)
 
     # ------------------------------------------------------------------ incarnation
 

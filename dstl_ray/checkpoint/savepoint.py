@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..errors import CheckpointDeclinedError, ConfigError, DstlError
+from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, join, normalize_url
 from .metadata import METADATA_FILE, CheckpointMetadata
@@ -90,12 +91,18 @@ class Savepoints:
     """A job's savepoints (FLINK-5053, the module docstring): of its live backends, or of a
     complete checkpoint, whose key-group ranges are rewritten from its files in this process
     one at a time on a thread of their own (one range in memory;
-    :mod:`~dstl_ray.checkpoint.savepoint_parts`). ``guard`` is the job lease's check."""
+    :mod:`~dstl_ray.checkpoint.savepoint_parts`). ``guard`` is the job lease's check.
+
+    While a checkpoint is read, the files of it that the job's ``registry`` references are
+    pinned there: a checkpoint subsumed meanwhile loses its files only once the savepoint is
+    done. Files the registry does not know (another job's) are left out: the registry must
+    never take them for its own, or unpinning would delete them."""
 
     def __init__(self, job_id: str, job_path: str, max_parallelism: int, storage: Storage,
-                 guard: Callable[[], None]) -> None:
+                 guard: Callable[[], None], registry: SharedStateRegistry | None = None
+                 ) -> None:
         self.job_id, self.job_path, self.max_parallelism = job_id, job_path, max_parallelism
-        self.storage, self.guard = storage, guard
+        self.storage, self.guard, self.registry = storage, guard, registry
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-sp")
 
     def start(self, n: int, backends: Iterable[SavepointPart], incarnation: str,
@@ -110,9 +117,26 @@ class Savepoints:
                                   f"{of.metadata.max_parallelism}, job {self.job_id} "
                                   f"{self.max_parallelism}: its key groups would not match")
             backends = checkpoint_ranges(of, self.storage, self._pool, table, local_dir)
-        return start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
+        pin = self._pin(of)
+        done = start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
                                self.storage, incarnation=incarnation, guard=self.guard,
                                timeout_s=timeout_s)
+        if pin is not None and self.registry is not None:
+            registry = self.registry
+            done.add_done_callback(lambda _f: registry.unpin_all(pin))
+        return done
+
+    def _pin(self, of: CompletedCheckpoint | None) -> str | None:
+        """Pin the files of ``of`` the registry references (own, retained); the pin's
+        owner, or None when nothing was pinned."""
+        if of is None or self.registry is None:
+            return None
+        known = {n: u for n, u in of.files.items() if self.registry.reference_count(u)}
+        if not known:
+            return None
+        owner = f"savepoint-of-{of.checkpoint_id}-{uuid.uuid4().hex[:8]}"
+        self.registry.set_pins(owner, known)
+        return owner
 
     def close(self) -> None:
         """Wait for the checkpoint rewrites queued or running (a failed attempt's queued

@@ -10,6 +10,7 @@ parts never run; a job that lost its lease takes no directory."""
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from dataclasses import replace
 
@@ -168,3 +169,36 @@ def test_a_failed_attempts_queued_parts_never_run_and_a_closed_job_takes_no_dire
         start_savepoint("job", 2, f"{base}/job", [], MAXP, storage,
                         guard=fenced).result(timeout=30)
     assert storage.list_files(f"{base}/job") == []  # not even a marker
+
+
+def test_a_checkpoint_subsumed_while_its_savepoint_reads_it_keeps_its_files_until_done(
+        tmp_path):
+    """The files of the checkpoint read are pinned in the job's registry: a checkpoint that
+    subsumes it meanwhile (retained=1) deletes them only once the savepoint is done, and
+    then does (nothing leaks)."""
+    base = new_base(tmp_path)
+    coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=1)
+    bs = coord.restore(client("job", base), "op", 2, materialization_interval=None)
+    _fill(bs, 0, 200, "a")
+    for b in bs:
+        b.materialize(force=True).result(timeout=60)
+    cc = coord.trigger_checkpoint().result()
+    want = read_states(cc.metadata_url, "op")
+    gate = threading.Event()
+    coord.savepoints._pool.submit(gate.wait, 60)  # the savepoint's parts queue behind this
+    pending = coord.trigger_savepoint(of=cc)
+    try:
+        for b in bs:  # new bases: the old ones are named by cc alone
+            _fill([b], 0, 200, "b")
+            b.materialize(force=True).result(timeout=60)
+        coord.trigger_checkpoint().result()  # subsumes cc
+        coord.registry.flush(30)
+        storage = get_storage(base)
+        assert all(storage.exists(u) for u in cc.files.values())  # pinned while read
+    finally:
+        gate.set()
+    sp = pending.result(timeout=60)
+    assert read_states(sp.metadata_url, "op") == want
+    coord.registry.flush(30)
+    assert not [u for u in cc.files.values() if storage.exists(u)]  # then gone
+    coord.shutdown()
