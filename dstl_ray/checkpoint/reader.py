@@ -12,18 +12,21 @@ Flink's StateTtlConfig "never return expired").
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RestoreError, StateError
 from ..format.materialized import spec_dropped, spec_schema
-from ..keygroups import key_group_range_for_subtask
+from ..keygroups import KeyGroupRange, key_group_range_for_subtask
 from ..state.names import StateNames
 from ..state.records import StateKind, TaggedSerializer
-from ..state.restore import restore_state
+from ..state.restore import RestoreSource, restore_state
+from ..state.table import StateTable
 from ..state.tables import dump_table, open_table
 from ..state.ttl import spec_ttl
 from ..storage.base import join, normalize_url
@@ -103,26 +106,52 @@ def the_operator(cc: CompletedCheckpoint, operator_id: str | None) -> str:
     return ops[0]
 
 
+@dataclass(frozen=True)
+class RestoredRange:
+    """One key-group range of an operator of a checkpoint, restored (:func:`restored_range`):
+    its range, the snapshots it came from, the table holding it and its states' names."""
+
+    key_groups: KeyGroupRange
+    sources: list[RestoreSource]
+    table: StateTable
+    names: StateNames
+
+
+@contextmanager
+def restored_range(cc: CompletedCheckpoint, operator_id: str, parts: int, index: int,
+                   table: str = "heap", local_dir: str | None = None
+                   ) -> Iterator[RestoredRange]:
+    """Key-group range ``index`` of ``parts`` of ``operator_id`` in ``cc``, restored into a
+    throwaway ``table`` (``"heap"`` or ``"rocksdb"``) in a temporary directory (under
+    ``local_dir``), closed and removed on exit: what this reader and a savepoint of a
+    checkpoint (:mod:`~dstl_ray.checkpoint.savepoint_parts`) read."""
+    kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, parts, index)
+    sources = assign_sources(cc, operator_id, parts)[index]
+    if local_dir is not None:
+        os.makedirs(local_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dstl-reader-", dir=local_dir) as local:
+        t = open_table(table, kgr, local)
+        try:
+            names = StateNames(t.add_state)
+            restore_state(sources, kgr, "", names.register_restored, t, None)
+            yield RestoredRange(kgr, sources, t, names)
+        finally:
+            t.close()
+
+
 def _dump(cc: CompletedCheckpoint, operator_id: str, parts: int, index: int,
           now_ms: int | None, state: str | None) -> dict[str, dict[Any, Any]]:
     """The states of ``operator_id`` in key-group range ``index`` of ``parts`` of ``cc``
     (only ``state`` if given), restored into a heap table in a temporary directory."""
-    kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, parts, index)
-    sources = assign_sources(cc, operator_id, parts)[index]
-    with tempfile.TemporaryDirectory(prefix="dstl-reader-") as local:
-        table = open_table("heap", kgr, local)
-        names = StateNames(table.add_state)
-        untyped = TaggedSerializer()
-        try:
-            restore_state(sources, kgr, "", names.register_restored, table, None)
-            wanted = names.names if state is None else \
-                ({state: names.names[state]} if state in names.names else {})
-            return dump_table(wanted, names.kinds, names.ttls,
-                              int(time.time() * 1000) if now_ms is None else now_ms, table,
-                              range(kgr.start, kgr.end + 1), untyped.deserialize,
-                              lambda sid: names.serializer(sid, untyped).deserialize)
-        finally:
-            table.close()
+    untyped = TaggedSerializer()
+    with restored_range(cc, operator_id, parts, index) as r:
+        names, kgr = r.names, r.key_groups
+        wanted = names.names if state is None else \
+            ({state: names.names[state]} if state in names.names else {})
+        return dump_table(wanted, names.kinds, names.ttls,
+                          int(time.time() * 1000) if now_ms is None else now_ms, r.table,
+                          range(kgr.start, kgr.end + 1), untyped.deserialize,
+                          lambda sid: names.serializer(sid, untyped).deserialize)
 
 
 def read_range(metadata_url: str, operator_id: str, state: str, parts: int, index: int,
@@ -152,5 +181,5 @@ def read_state(source: str, state: str, operator_id: str | None = None,
     return dict(read_range(url, op, state, 1, 0, now_ms))
 
 
-__all__ = ["StateInfo", "operator_states", "read_range", "read_state", "read_states",
-           "resolve_checkpoint", "state_info", "the_operator"]
+__all__ = ["RestoredRange", "StateInfo", "operator_states", "read_range", "read_state",
+           "read_states", "resolve_checkpoint", "restored_range", "state_info", "the_operator"]

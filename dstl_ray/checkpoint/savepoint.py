@@ -117,26 +117,26 @@ class Savepoints:
                                   f"{of.metadata.max_parallelism}, job {self.job_id} "
                                   f"{self.max_parallelism}: its key groups would not match")
             backends = checkpoint_ranges(of, self.storage, self._pool, table, local_dir)
-        pin = self._pin(of)
+        unpin = self._pin(of)
         done = start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
                                self.storage, incarnation=incarnation, guard=self.guard,
                                timeout_s=timeout_s)
-        if pin is not None and self.registry is not None:
-            registry = self.registry
-            done.add_done_callback(lambda _f: registry.unpin_all(pin))
+        if unpin is not None:
+            done.add_done_callback(lambda _f: unpin())
         return done
 
-    def _pin(self, of: CompletedCheckpoint | None) -> str | None:
-        """Pin the files of ``of`` the registry references (own, retained); the pin's
-        owner, or None when nothing was pinned."""
-        if of is None or self.registry is None:
+    def _pin(self, of: CompletedCheckpoint | None) -> Callable[[], None] | None:
+        """Pin the files of ``of`` the registry references (own, retained); what unpins
+        them, or None when nothing was pinned."""
+        registry = self.registry
+        if of is None or registry is None:
             return None
-        known = {n: u for n, u in of.files.items() if self.registry.reference_count(u)}
+        known = {n: u for n, u in of.files.items() if registry.reference_count(u)}
         if not known:
             return None
         owner = f"savepoint-of-{of.checkpoint_id}-{uuid.uuid4().hex[:8]}"
-        self.registry.set_pins(owner, known)
-        return owner
+        registry.set_pins(owner, known)
+        return lambda: registry.unpin_all(owner)
 
     def close(self) -> None:
         """Wait for the checkpoint rewrites queued or running (a failed attempt's queued

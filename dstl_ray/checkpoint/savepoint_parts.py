@@ -14,23 +14,18 @@ As a live backend's savepoint, it leaves out entries a state's TTL expired.
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..format.materialized import MAT_SUFFIX
-from ..keygroups import key_group_range_for_subtask
 from ..state.files import write_full
-from ..state.names import StateNames
-from ..state.restore import restore_state
 from ..state.snapshot import KeyedStateSnapshot
-from ..state.tables import open_table
 from ..state.ttl import now_ms
 from ..storage.base import Storage
-from .recovery import CompletedCheckpoint, assign_sources
+from .reader import restored_range
+from .recovery import CompletedCheckpoint
 
 
 @dataclass(frozen=True)
@@ -57,28 +52,18 @@ class CheckpointRange:
         return self.pool.submit(self._write, target_dir)
 
     def _write(self, target_dir: str) -> KeyedStateSnapshot:
-        cc = self.checkpoint
-        kgr = key_group_range_for_subtask(cc.metadata.max_parallelism, self.parts, self.index)
-        sources = assign_sources(cc, self.operator_id, self.parts)[self.index]
-        if self.local_dir is not None:
-            os.makedirs(self.local_dir, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="dstl-savepoint-", dir=self.local_dir) as local:
-            table = open_table(self.table, kgr, local)
-            try:
-                names = StateNames(table.add_state)
-                restore_state(sources, kgr, "", names.register_restored, table, None)
-                # as a live backend's savepoint: expired entries are never saved (by the
-                # TTLs the checkpoint recorded)
-                if any(t is not None for t in names.ttls):
-                    table.purge_expired(names.ttls, now_ms(self.clock()))
-                handle = write_full(self.storage, table.view(), names.spec(), kgr, target_dir,
-                                    f"{uuid.uuid4().hex}{MAT_SUFFIX}", None, 0)
-            finally:
-                table.close()
+        with restored_range(self.checkpoint, self.operator_id, self.parts, self.index,
+                            self.table, self.local_dir) as r:
+            # as a live backend's savepoint: expired entries are never saved (by the TTLs
+            # the checkpoint recorded)
+            if any(t is not None for t in r.names.ttls):
+                r.table.purge_expired(r.names.ttls, now_ms(self.clock()))
+            handle = write_full(self.storage, r.table.view(), r.names.spec(), r.key_groups,
+                                target_dir, f"{uuid.uuid4().hex}{MAT_SUFFIX}", None, 0)
         # where an event-time watermark resumes (the largest its sources had seen)
-        marks = [s.snapshot.event_time_ms for s in sources
+        marks = [s.snapshot.event_time_ms for s in r.sources
                  if s.snapshot.event_time_ms is not None]
-        return KeyedStateSnapshot(self.operator_id, kgr, (handle,),
+        return KeyedStateSnapshot(self.operator_id, r.key_groups, (handle,),
                                   event_time_ms=max(marks) if marks else None)
 
 
