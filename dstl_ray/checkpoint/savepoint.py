@@ -118,9 +118,14 @@ class Savepoints:
                                   f"{self.max_parallelism}: its key groups would not match")
             backends = checkpoint_ranges(of, self.storage, self._pool, table, local_dir)
         unpin = self._pin(of)
-        done = start_savepoint(self.job_id, n, self.job_path, backends, self.max_parallelism,
-                               self.storage, incarnation=incarnation, guard=self.guard,
-                               timeout_s=timeout_s)
+        try:
+            done = start_savepoint(self.job_id, n, self.job_path, backends,
+                                   self.max_parallelism, self.storage, incarnation=incarnation,
+                                   guard=self.guard, timeout_s=timeout_s)
+        except BaseException:
+            if unpin is not None:
+                unpin()
+            raise
         if unpin is not None:
             done.add_done_callback(lambda _f: unpin())
         return done

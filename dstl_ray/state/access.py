@@ -137,21 +137,28 @@ class ValueState(_State):
         step = UPDATE_CHUNK
         with self._b._lock:
             for lo in range(0, len(refs), step):  # the changelog takes a chunk at a time
+                ops: list[tuple[int, bytes, bytes | None]] = []  # (kg, key, value; None: clear)
                 changes: list[tuple[int, bytes]] = []
                 try:
                     for (kg, k), value in zip(refs[lo:lo + step], values[lo:lo + step],
                                               strict=True):
                         if value is None:
+                            ops.append((kg, k, None))
                             changes.append((kg, encode(Op.VALUE_CLEAR, sid, k)))
-                            t.clear(sid, kg, k)
                             continue
                         v = ser(value)
                         if ttl is not None:
                             v = stamp(v, now)
+                        ops.append((kg, k, v))
                         changes.append((kg, encode(Op.VALUE_SET, sid, k, v)))
-                        t.set_value(sid, kg, k, v)
-                finally:  # what the table took is logged, also when a value fails
-                    self._b._writer.append_all(changes)
+                finally:  # logged, then applied, as per key: also the part before a bad
+                    if changes:  # value; a change the log refuses never reaches the table
+                        self._b._writer.append_all(changes)
+                    for kg, k, v in ops:
+                        if v is None:
+                            t.clear(sid, kg, k)
+                        else:
+                            t.set_value(sid, kg, k, v)
 
 
 class ListState(_State):

@@ -375,3 +375,23 @@ def test_a_columnar_update_that_fails_midway_logs_what_the_table_took(table):
         assert again.dump()["n"] == want
     finally:
         again.close()
+
+
+def test_a_columnar_update_the_changelog_refuses_leaves_the_table_untouched(table):
+    """A ref outside the backend's key groups fails the call before any of its chunk
+    reaches the table: the table never holds a change the changelog does not."""
+    base = new_base()
+    b = d.ChangelogKeyedStateBackend(client(JOB, base), "op", d.KeyGroupRange(0, 7), MAXP,
+                                     materialization_interval=None, state_backend=table[0],
+                                     local_dir=table[1])
+    try:
+        n = b.value_state("n")
+        keys = [k for k in (f"k{i}" for i in range(200))
+                if d.assign_key_group(k, MAXP) <= 7][:3]
+        with pytest.raises(d.KeyGroupError):
+            n.update_at([*n.refs(keys), (15, b"bogus")], [1, 2, 3, 4])
+        assert b.dump().get("n", {}) == {}
+        n.update_at(n.refs(keys), [1, 2, 3])
+        assert b.dump()["n"] == dict(zip(keys, [1, 2, 3], strict=True))
+    finally:
+        b.close()
