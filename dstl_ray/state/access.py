@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
-from ..keygroups import assign_key_group
-from .records import Op, StateKind, encode, join_items
+from ..keygroups import assign_key_group, assign_key_groups
+from .records import Op, StateKind, TaggedSerializer, encode, encode_value_changes, join_items
 from .table import StateTable
 from .ttl import STAMP_SIZE, alive, now_ms, stamp
 
@@ -117,8 +117,21 @@ class ValueState(_State):
     # update() per key, with the key groups and serialized keys computed once per chunk
 
     def refs(self, keys: Sequence[Any]) -> list[tuple[int, bytes]]:
-        """:meth:`ref` of every key, for :meth:`values_at`/:meth:`update_at`."""
-        return [self._kg(k) for k in keys]
+        """:meth:`ref` of every key, for :meth:`values_at`/:meth:`update_at`. With the
+        default serializer an ``int`` or ``str`` key's encoding is its hash input
+        (:func:`~dstl_ray.keygroups.hash_input`), so such a key is encoded once."""
+        b = self._b
+        if type(b._ser) is not TaggedSerializer:
+            return [self._kg(k) for k in keys]
+        pairs = assign_key_groups(keys, b.max_parallelism)
+        lo, hi, ser = b.key_group_range.start, b.key_group_range.end, b._ser.serialize
+        out: list[tuple[int, bytes]] = []
+        for key, pair in zip(keys, pairs, strict=True):
+            if not lo <= pair[0] <= hi:
+                self._kg(key)  # raises, naming the key and the range
+            t = type(key)
+            out.append(pair if t is int or t is str else (pair[0], ser(key)))
+        return out
 
     def values_at(self, refs: Sequence[tuple[int, bytes]], default: Any = None) -> list[Any]:
         """:meth:`value` of every key of ``refs``, in order."""
@@ -133,32 +146,23 @@ class ValueState(_State):
             raise StateError(f"{len(values)} values for {len(refs)} keys")
         ser = self._vs.serialize
         ttl, now = self._ttl()
-        sid, t = self._sid, self._t
-        step = UPDATE_CHUNK
+        sid, t, step = self._sid, self._t, UPDATE_CHUNK
         with self._b._lock:
             for lo in range(0, len(refs), step):  # the changelog takes a chunk at a time
                 ops: list[tuple[int, bytes, bytes | None]] = []  # (kg, key, value; None: clear)
-                changes: list[tuple[int, bytes]] = []
                 try:
                     for (kg, k), value in zip(refs[lo:lo + step], values[lo:lo + step],
                                               strict=True):
                         if value is None:
                             ops.append((kg, k, None))
-                            changes.append((kg, encode(Op.VALUE_CLEAR, sid, k)))
-                            continue
-                        v = ser(value)
-                        if ttl is not None:
-                            v = stamp(v, now)
-                        ops.append((kg, k, v))
-                        changes.append((kg, encode(Op.VALUE_SET, sid, k, v)))
-                finally:  # logged, then applied, as per key: also the part before a bad
-                    if changes:  # value; a change the log refuses never reaches the table
-                        self._b._writer.append_all(changes)
-                    for kg, k, v in ops:
-                        if v is None:
-                            t.clear(sid, kg, k)
+                        elif ttl is None:
+                            ops.append((kg, k, ser(value)))
                         else:
-                            t.set_value(sid, kg, k, v)
+                            ops.append((kg, k, stamp(ser(value), now)))
+                finally:  # logged, then applied, as per key: also the part before a bad
+                    if ops:  # value; a change the log refuses never reaches the table
+                        self._b._writer.append_all(encode_value_changes(sid, ops))
+                        t.set_values(sid, ops)
 
 
 class ListState(_State):

@@ -71,6 +71,18 @@ class HeapStateTable:
     def set_value(self, sid: int, kg: int, key: bytes, value: bytes) -> None:
         self._kg(sid, kg)[key] = value
 
+    def set_values(self, sid: int, entries: Sequence[tuple[int, bytes, bytes | None]]
+                   ) -> None:
+        per_kg = self._tables[sid]
+        for kg, key, value in entries:
+            d = per_kg.get(kg)
+            if value is not None:
+                if d is None:
+                    d = per_kg[kg] = {}
+                d[key] = value
+            elif d is not None:
+                d.pop(key, None)
+
     # ListState
     def get_list(self, sid: int, kg: int, key: bytes) -> list[bytes]:
         return list(self._tables[sid].get(kg, _EMPTY).get(key, ()))

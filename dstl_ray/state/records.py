@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -226,6 +227,16 @@ def encode(op: int, sid: int, key: bytes, value: bytes = b"", ukey: bytes | None
     if ukey is not None:
         return b"".join((head, key, U32.pack(len(ukey)), ukey, value))
     return b"".join((head, key, value))
+
+
+def encode_value_changes(sid: int, entries: Sequence[tuple[int, bytes, bytes | None]]
+                         ) -> list[tuple[int, bytes]]:
+    """``(key group, record)`` of each ``(key group, key, value)`` of value state ``sid``:
+    :func:`encode` of a VALUE_SET, or of a VALUE_CLEAR where the value is None (the changes of
+    a columnar update, encoded in one pass)."""
+    pack, ver, vset, vclear = HDR.pack, RECORD_VERSION, _VSET, int(Op.VALUE_CLEAR)
+    return [(kg, pack(ver, vset, sid, len(k)) + k + v) if v is not None
+            else (kg, pack(ver, vclear, sid, len(k)) + k) for kg, k, v in entries]
 
 
 def check_stamps(recs: list[bytes], stamped: frozenset[int]) -> None:

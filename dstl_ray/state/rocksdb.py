@@ -116,6 +116,17 @@ class RocksDBStateTable:
         with self._write:
             self._db.put(entry_key(kg, sid, key), value)
 
+    def set_values(self, sid: int, entries: Sequence[tuple[int, bytes, bytes | None]]
+                   ) -> None:
+        wb = WriteBatch(raw_mode=True)  # a value state's keys: a delete clears one
+        for kg, key, value in entries:
+            if value is None:
+                wb.delete(entry_key(kg, sid, key))
+            else:
+                wb.put(entry_key(kg, sid, key), value)
+        with self._write:
+            self._db.write(wb)
+
     # ListState (read-modify-write: rocksdict has no merge operator for Python)
     def get_list(self, sid: int, kg: int, key: bytes) -> list[bytes]:
         with self._read:
@@ -260,36 +271,32 @@ class RocksDBStateTable:
     def _purge_key_group(self, kg: int, sid: int, kind: StateKind,
                          live: Callable[[bytes], bool], lock: Any) -> int:
         with lock or contextlib.nullcontext():
-            return self._purge_locked(kg, sid, kind, live)
-
-    def _purge_locked(self, kg: int, sid: int, kind: StateKind,
-                      live: Callable[[bytes], bool]) -> int:
-        wb, n = WriteBatch(raw_mode=True), 0
-        with self._read:
-            found = list(entries(self._db, kg, sid, kind))
-        for key, v in found:
-            ek = entry_key(kg, sid, key)
-            if kind is StateKind.VALUE:
-                if not live(v):
-                    wb.delete(ek)
-                    n += 1
-            elif kind is StateKind.LIST:
-                kept = [x for x in v if live(x)]
-                if len(kept) != len(v):
-                    n += len(v) - len(kept)
-                    if kept:
-                        wb.put(ek, join_items(kept))
-                    else:
+            wb, n = WriteBatch(raw_mode=True), 0
+            with self._read:
+                found = list(entries(self._db, kg, sid, kind))
+            for key, v in found:
+                ek = entry_key(kg, sid, key)
+                if kind is StateKind.VALUE:
+                    if not live(v):
                         wb.delete(ek)
-            else:
-                for uk, x in v.items():
-                    if not live(x):
-                        wb.delete(ek + uk)
                         n += 1
-        if n:
-            with self._write:
-                self._db.write(wb)
-        return n
+                elif kind is StateKind.LIST:
+                    kept = [x for x in v if live(x)]
+                    if len(kept) != len(v):
+                        n += len(v) - len(kept)
+                        if kept:
+                            wb.put(ek, join_items(kept))
+                        else:
+                            wb.delete(ek)
+                else:
+                    for uk, x in v.items():
+                        if not live(x):
+                            wb.delete(ek + uk)
+                            n += 1
+            if n:
+                with self._write:
+                    self._db.write(wb)
+            return n
 
     # materialization and restore (dstl_ray.state.incremental)
 

@@ -52,6 +52,11 @@ class StateTable(Protocol):
 
     def set_value(self, sid: int, kg: int, key: bytes, value: bytes) -> None: ...
 
+    def set_values(self, sid: int, entries: Sequence[tuple[int, bytes, bytes | None]]
+                   ) -> None:
+        """:meth:`set_value` of each ``(key group, key, value)`` in order, :meth:`clear`
+        where the value is None: a columnar update of a value state."""
+
     # ListState
     def get_list(self, sid: int, kg: int, key: bytes) -> list[bytes]:
         """The items of the key's list, in the order added ([] when absent)."""

@@ -8,6 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dstl_ray import KeyGroupError, KeyGroupRange, assign_key_group, key_group_range_for_subtask
+from dstl_ray.keygroups import assign_key_groups, hash_input
+from dstl_ray.state.records import TaggedSerializer
 
 
 def test_hash_is_stable_across_processes():
@@ -35,3 +37,19 @@ def test_bad_ranges():
         key_group_range_for_subtask(8, 9, 0)
     assert KeyGroupRange(0, 3).intersect(KeyGroupRange(2, 9)) == KeyGroupRange(2, 3)
     assert KeyGroupRange(0, 1).intersect(KeyGroupRange(2, 9)) is None
+
+
+KEYS = st.one_of(st.integers(), st.text(), st.binary(), st.booleans(),
+                 st.tuples(st.integers(), st.text()))
+
+
+@given(st.lists(KEYS, max_size=30), st.integers(1, 1 << 15))
+def test_key_groups_of_a_column_equal_the_key_group_of_each_key(keys, max_par):
+    assert assign_key_groups(keys, max_par) == [(assign_key_group(k, max_par), hash_input(k))
+                                                for k in keys]
+
+
+@given(st.one_of(st.integers(), st.text()))
+def test_an_int_or_str_keys_hash_input_is_its_tagged_encoding(key):
+    """What lets a columnar ref encode an int or str key once (ValueState.refs)."""
+    assert TaggedSerializer().serialize(key) == hash_input(key)

@@ -395,3 +395,23 @@ def test_a_columnar_update_the_changelog_refuses_leaves_the_table_untouched(tabl
         assert b.dump()["n"] == dict(zip(keys, [1, 2, 3], strict=True))
     finally:
         b.close()
+
+
+def test_refs_of_a_column_are_the_refs_of_each_key_and_refuse_a_foreign_key(table):
+    """``refs`` encodes an int or str key once (its hash input is its encoding): the refs
+    equal ``ref`` of each key, for every kind of key, and a key outside the backend's key
+    groups fails naming it."""
+    b = d.ChangelogKeyedStateBackend(client(JOB, new_base()), "op", d.KeyGroupRange(0, 7),
+                                     MAXP, materialization_interval=None,
+                                     state_backend=table[0], local_dir=table[1])
+    try:
+        n = b.value_state("n")
+        pool = [*range(300), *(f"k{i}" for i in range(300)), b"raw", True, (1, "a"), 2.5]
+        mine = [k for k in pool if d.assign_key_group(k, MAXP) <= 7]
+        assert {type(k) for k in mine} >= {int, str}
+        assert n.refs(mine) == [n.ref(k) for k in mine]
+        foreign = next(k for k in range(300) if d.assign_key_group(k, MAXP) > 7)
+        with pytest.raises(d.KeyGroupError, match=f"key {foreign} "):
+            n.refs([*mine, foreign])
+    finally:
+        b.close()

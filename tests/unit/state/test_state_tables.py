@@ -63,6 +63,24 @@ def test_value_state(table):
     assert dump(table, VALUE) == {(2, b"k"): b"other kg"}
 
 
+@given(st.lists(st.tuples(st.integers(0, 7), st.sampled_from([b"a", b"b", b"ab"]),
+                         st.one_of(st.none(), st.binary(max_size=3))), max_size=20))
+@settings(max_examples=40, deadline=None)
+def test_set_values_equals_set_value_and_clear_in_order(tmp_path_factory, entries):
+    """A columnar update of a value state (ValueState.update_at) lands as the calls one by
+    one would, on both tables: later entries of a key win, None clears."""
+    for name in ("heap", "rocksdb"):
+        bulk, each = (make(name, str(tmp_path_factory.mktemp(name))) for _ in range(2))
+        try:
+            bulk.set_values(VALUE, entries)
+            for kg, k, v in entries:
+                each.clear(VALUE, kg, k) if v is None else each.set_value(VALUE, kg, k, v)
+            assert dump(bulk, VALUE) == dump(each, VALUE)
+        finally:
+            bulk.close()
+            each.close()
+
+
 def test_entries_count_keys_of_values_and_lists_and_entries_of_maps(table):
     assert table.entries() == 0
     table.set_value(VALUE, 1, b"a", b"1")
