@@ -79,15 +79,13 @@ from .chaos_job import (
     FAILOVER,
     KINDS,
     LIFE_KINDS,
-    MAXP,
-    OP,
     PAR,
     TREE_WIDE,
     TREE_WIDE_GRACE_S,
     Bystander,
     Savepoint,
     Subtask,
-    list_job_files,
+    final_files,
 )
 from .chaos_report import drift, read_back, recovery_ratios, report
 from .common import parser
@@ -249,18 +247,8 @@ class Harness:
         return res
 
     def final_files(self, job: str) -> dict[str, int]:
-        """A new coordinator cleans up; storage must hold exactly the retained checkpoints'
-        files and the savepoints' (those are the user's: never deleted)."""
-        from dstl_ray import CheckpointCoordinator
-
-        final = CheckpointCoordinator(job, self.base, max_parallelism=MAXP, retained=2)
-        final.restore(None, OP, 0)
-        keep = {u for c in final.completed_checkpoints() for u in c.files.values()}
-        keep |= {c.metadata_url for c in final.completed_checkpoints()} | {final.lease.url}
-        keep |= {u for sp in self.savepoints if sp.job == job for u in sp.files}
-        have = set(list_job_files(self.base, job))
-        final.shutdown()
-        return {"leaked_files": len(have - keep), "missing_files": len(keep - have)}
+        return final_files(self.base, job, {u for sp in self.savepoints if sp.job == job
+                                            for u in sp.files})
 
     def debug(self, actors: list[Any], log: Any) -> None:
         import ray

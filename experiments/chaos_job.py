@@ -291,6 +291,22 @@ def list_job_files(base: str, job: str) -> list[str]:
 
 
 
+def final_files(base: str, job: str, kept: set[str] | frozenset[str] = frozenset()
+                ) -> dict[str, int]:
+    """A new coordinator cleans up; storage must hold exactly the retained checkpoints'
+    files and ``kept`` (savepoints' files: the user's, never deleted)."""
+    from dstl_ray import CheckpointCoordinator
+
+    final = CheckpointCoordinator(job, base, max_parallelism=MAXP, retained=2)
+    final.restore(None, OP, 0)
+    keep = {u for c in final.completed_checkpoints() for u in c.files.values()}
+    keep |= {c.metadata_url for c in final.completed_checkpoints()} | {final.lease.url}
+    keep |= set(kept)
+    have = set(list_job_files(base, job))
+    final.shutdown()
+    return {"leaked_files": len(have - keep), "missing_files": len(keep - have)}
+
+
 def apply_local(backends: list[Any], seed: int, rnd: int) -> None:
     """Round ``rnd`` applied to ``backends`` in this process (any parallelism): each update
     by the backend whose key groups hold its key, as the subtasks do."""
