@@ -22,6 +22,12 @@ A second model, ``measured``, takes its costs from the stage breakdown of ``make
 writer's send to its node, a hop between node actors, the fsynced put and the reply, each
 drawn around its measured p50 (uniform in [0.5, 1.5] x). It shows what the tree's hops would
 cost at 100 and 1,000 nodes if each cost what it costs here.
+
+A third model, ``hosts``, is ``measured`` with every hop between node actors crossing hosts:
+each hop up (a child's batch) and down (the answer) adds what a Ray call between two hosts
+costs over one within a host, drawn from the calls ``experiments.host_hops`` timed between
+network namespaces (``experiments/results/host_hops.json``: its whole distribution, tails
+included, less the same-host median).
 """
 
 from __future__ import annotations
@@ -82,12 +88,43 @@ class Measured:
                    or two["tree"])
 
 
+@dataclass(frozen=True)
+class BetweenHosts:
+    """What crossing hosts adds to a call (ms), per size of call: samples of the Ray call
+    between two hosts less the same-host p50 (``experiments.host_hops``)."""
+
+    by_bytes: tuple[tuple[int, tuple[float, ...]], ...]  # (call bytes, extra ms samples)
+
+    @classmethod
+    def load(cls, path: str) -> BetweenHosts | None:
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            kinds = json.load(f)["kinds"]
+        return cls(tuple(sorted(
+            (k["bytes"], tuple(max(0.0, x - k["ray_same_host"]["p50"]) for x in k["ray_ms"]))
+            for k in kinds)))
+
+    def extra(self, rng: random.Random, size: int) -> float:
+        """One draw for a call of ``size`` bytes: the samples of the nearest measured size
+        at or above it (the largest, scaled, beyond it)."""
+        for nbytes, samples in self.by_bytes:
+            if size <= nbytes:
+                return rng.choice(samples)
+        nbytes, samples = self.by_bytes[-1]
+        return rng.choice(samples) * size / nbytes
+
+
 def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mode: str,
-             rng: random.Random, delay_ms: float = 10.0, m: Measured | None = None
-             ) -> tuple[int, float, int]:
-    """One checkpoint: (files, latency ms, max hops); with ``m``, the measured costs."""
+             rng: random.Random, delay_ms: float = 10.0, m: Measured | None = None,
+             hosts: BetweenHosts | None = None) -> tuple[int, float, int]:
+    """One checkpoint: (files, latency ms, max hops); with ``m``, the measured costs, and
+    with ``hosts``, every hop between node actors crossing hosts."""
     def jit(x: float) -> float:
         return x * rng.uniform(0.5, 1.5)
+
+    def cross(size: int) -> float:
+        return hosts.extra(rng, size) if hosts else 0.0
 
     def arrive() -> float:
         return jit(m.send) if m else rng.uniform(0, 5)
@@ -96,10 +133,10 @@ def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mo
         return jit(m.put) + size / 500e6 * 1000 if m else dfs_latency(rng, size)
 
     def up(size: int) -> float:
-        return jit(m.hop) + size / 1e9 * 1000 if m else hop(size)
+        return jit(m.hop) + size / 1e9 * 1000 + cross(size) if m else hop(size)
 
     def down() -> float:
-        return jit(m.reply_hop) if m else hop(64 * writers)
+        return jit(m.reply_hop) + cross(0) if m else hop(64 * writers)
 
     if mode == "direct":
         lat = max(arrive() + put(per_writer) + (jit(m.reply) if m else 0)
@@ -145,13 +182,18 @@ def simulate(n: int, b: int, writers: int, per_writer: int, flush_bytes: int, mo
 
 def _plot_measured(ax_small: object, ax_large: object, rows: list[dict], sizes: list[int]
                    ) -> None:
-    """The measured model: checkpoint p50 by branching, per cluster size."""
+    """The measured model (solid) and the hosts model (dashed, every hop between hosts):
+    checkpoint p50 by branching, per cluster size."""
     for ax, wname in ((ax_small, "small"), (ax_large, "large")):
         for n in sizes:
-            rs = [r for r in rows if r["model"] == "measured" and r["workload"] == wname
-                  and r["nodes"] == n and r["mode"] == "tree"]
-            ax.plot([r["branching"] for r in rs], [r["latency_p50_ms"] for r in rs],
-                    marker="o", label=f"tree p50, {n} nodes")
+            for model, style in (("measured", "-"), ("hosts", "--")):
+                rs = [r for r in rows if r["model"] == model and r["workload"] == wname
+                      and r["nodes"] == n and r["mode"] == "tree"]
+                if rs:
+                    ax.plot([r["branching"] for r in rs], [r["latency_p50_ms"] for r in rs],
+                            marker="o", ls=style,
+                            label=f"tree p50, {n} nodes" + (", hosts" if model == "hosts"
+                                                            else ""))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("branching factor")
         ax.set_title(f"{wname} increments, measured per-stage costs (file://): p50 (ms)",
@@ -169,16 +211,21 @@ def main() -> None:
     rng = random.Random(158)
     measured = Measured.load(os.path.join(os.path.dirname(__file__), "results",
                                           "vs_flink.json"))
-    models: dict[str, Measured | None] = {"s3-flip": None}
+    between = BetweenHosts.load(os.path.join(os.path.dirname(__file__), "results",
+                                             "host_hops.json"))
+    models: dict[str, tuple[Measured | None, BetweenHosts | None]] = {"s3-flip": (None, None)}
     if measured is not None:
-        models["measured"] = measured
+        models["measured"] = (measured, None)
+        if between is not None:
+            models["hosts"] = (measured, between)
     rows = []
-    for model, m in models.items():
+    for model, (m, hosts) in models.items():
         for wname, per_writer in workloads.items():
             for n in sizes:
                 configs = [("direct", 0), ("per-node", 0)] + [("tree", b) for b in branchings]
                 for mode, b in configs:
-                    runs = [simulate(n, b, 4, per_writer, flush_bytes, mode, rng, m=m)
+                    runs = [simulate(n, b, 4, per_writer, flush_bytes, mode, rng, m=m,
+                                     hosts=hosts)
                             for _ in range(samples)]
                     lat = [r[1] for r in runs]
                     row = {"model": model, "workload": wname, "nodes": n, "mode": mode,

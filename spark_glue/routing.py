@@ -99,11 +99,14 @@ def _grouped(codes: Any, n: int) -> tuple[Any, Any]:
 
 def subtasks_of(keys: Any, max_parallelism: int, parallelism: int) -> Any:
     """The subtask of every key of an Arrow array (numpy int32), hashing each distinct key
-    once (:func:`subtask_of`)."""
+    once (:func:`subtask_of`, a column at a time)."""
     import numpy as np
 
+    from dstl_ray.keygroups import assign_key_groups
+
     distinct, codes = _encoded(keys)
-    per_key = np.fromiter((subtask_of(k, max_parallelism, parallelism) for k in distinct),
+    per_key = np.fromiter((kg * parallelism // max_parallelism
+                           for kg, _data in assign_key_groups(distinct, max_parallelism)),
                           dtype=np.int32, count=len(distinct))
     return per_key[codes]
 
