@@ -12,8 +12,8 @@ limit they go through the object store, fetched from the caller's host). The rec
 async actor on the second host that decodes each call (the lane server decodes every field;
 Ray unpickles) and answers; the caller on the first host times each call from send to the
 answer read, one at a time (``--calls`` per kind), after ``WARMUP`` untimed ones. The same
-Ray calls to a receiver on the caller's own host (``ray_same_host``) give what crossing
-hosts adds.
+Ray calls to a receiver on the caller's own host (``ray_same_host``), and the Unix lane to
+it (``unix_lane_same_host``), give what crossing hosts adds to each carrier.
 
 Run (as root): python -m experiments.host_hops [--quick] [--calls N]. Writes
 experiments/results/host_hops.json (+ .png); ``experiments.tree_scale_sim`` takes its hop
@@ -68,16 +68,21 @@ class Receiver:
         self.token = secrets.token_hex(16)
         self.port = 0
 
-    async def start_lane(self) -> tuple[str, int, str]:
+    async def start_lane(self, unix: bool = False) -> tuple[str, str]:
+        """Listen on this host's IP (the host lane), or on a Unix socket (the local lane);
+        returns the address and the token."""
         import asyncio
+        import tempfile
 
         import ray
 
+        if unix:
+            path = f"{tempfile.mkdtemp(prefix='hops-')}/lane.sock"
+            self._server = await asyncio.start_unix_server(self._serve, path=path)
+            return path, self.token
         ip = ray.util.get_node_ip_address()
-        server = await asyncio.start_server(self._serve, host=ip, port=0)
-        self._server = server
-        self.port = server.sockets[0].getsockname()[1]
-        return ip, self.port, self.token
+        self._server = await asyncio.start_server(self._serve, host=ip, port=0)
+        return f"tcp://{ip}:{self._server.sockets[0].getsockname()[1]}", self.token
 
     async def _serve(self, reader: Any, writer: Any) -> None:
         import hmac
@@ -115,13 +120,19 @@ class Receiver:
 
 
 class TcpLane:
-    """The caller's end of a TCP lane: one call at a time, answered in order."""
+    """The caller's end of a lane (``tcp://ip:port``, or a Unix socket's path): one call at
+    a time, answered in order."""
 
-    def __init__(self, ip: str, port: int, token: str) -> None:
+    def __init__(self, address: str, token: str) -> None:
         from dstl_ray.transport.lane_codec import hello_bytes
 
-        self.sock = socket.create_connection((ip, port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if address.startswith("tcp://"):
+            ip, _, port = address[len("tcp://"):].rpartition(":")
+            self.sock = socket.create_connection((ip, int(port)))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        else:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.connect(address)
         self.sock.sendall(hello_bytes(token))
         self.ids = 0
 
@@ -158,18 +169,19 @@ def drive(address: str, calls: int) -> dict[str, Any]:
         scheduling_strategy=NodeAffinitySchedulingStrategy(other["NodeID"], soft=False)).remote()
     near = ray.remote(num_cpus=0)(Receiver).options(  # the same call on one host, to compare
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
-    ip, port, token = ray.get(recv.start_lane.remote())
-    lane = TcpLane(ip, port, token)
-    out: dict[str, Any] = {"from": ray.util.get_node_ip_address(), "to": ip, "kinds": []}
+    address, token = ray.get(recv.start_lane.remote())
+    lane = TcpLane(address, token)
+    local = TcpLane(*ray.get(near.start_lane.remote(unix=True)))
+    out: dict[str, Any] = {"from": ray.util.get_node_ip_address(), "to": address, "kinds": []}
     for method, nbytes in KINDS:
         row: dict[str, Any] = {"method": method, "bytes": nbytes}
-        for carrier in ("ray", "tcp_lane", "ray_same_host"):
+        for carrier in ("ray", "tcp_lane", "ray_same_host", "unix_lane_same_host"):
             ms = []
             for i in range(WARMUP + calls):
                 args = args_of(method, nbytes)  # (as a caller builds each call)
                 t0 = time.perf_counter()
-                if carrier == "tcp_lane":
-                    lane.call(method, args)
+                if carrier.endswith("lane") or carrier == "unix_lane_same_host":
+                    (lane if carrier == "tcp_lane" else local).call(method, args)
                 else:
                     ray.get(getattr(recv if carrier == "ray" else near, method).remote(*args))
                 if i >= WARMUP:

@@ -24,10 +24,11 @@ drawn around its measured p50 (uniform in [0.5, 1.5] x). It shows what the tree'
 cost at 100 and 1,000 nodes if each cost what it costs here.
 
 A third model, ``hosts``, is ``measured`` with every hop between node actors crossing hosts:
-each hop up (a child's batch) and down (the answer) adds what a Ray call between two hosts
-costs over one within a host, drawn from the calls ``experiments.host_hops`` timed between
-network namespaces (``experiments/results/host_hops.json``: its whole distribution, tails
-included, less the same-host median).
+each hop up (a child's batch) and down (the answer) adds what a host lane call between two
+hosts costs over a Unix lane call within one, drawn from the calls ``experiments.host_hops``
+timed between network namespaces (``experiments/results/host_hops.json``: its whole
+distribution, tails included, less the same-host median); ``hosts-ray`` is the same with
+Ray calls between hosts (``host_lane="off"``).
 """
 
 from __future__ import annotations
@@ -96,13 +97,19 @@ class BetweenHosts:
     by_bytes: tuple[tuple[int, tuple[float, ...]], ...]  # (call bytes, extra ms samples)
 
     @classmethod
-    def load(cls, path: str) -> BetweenHosts | None:
+    def load(cls, path: str, carrier: str = "tcp_lane") -> BetweenHosts | None:
+        """From ``host_hops.json``: the host lane's calls between hosts less the Unix lane's
+        p50 within one (``tcp_lane``, the default carrier between hosts), or Ray's calls less
+        Ray's p50 within one (``ray``: ``host_lane="off"``)."""
         if not os.path.exists(path):
             return None
+        same = {"tcp_lane": "unix_lane_same_host", "ray": "ray_same_host"}[carrier]
         with open(path) as f:
             kinds = json.load(f)["kinds"]
+        if any(same not in k for k in kinds):
+            return None
         return cls(tuple(sorted(
-            (k["bytes"], tuple(max(0.0, x - k["ray_same_host"]["p50"]) for x in k["ray_ms"]))
+            (k["bytes"], tuple(max(0.0, x - k[same]["p50"]) for x in k[f"{carrier}_ms"]))
             for k in kinds)))
 
     def extra(self, rng: random.Random, size: int) -> float:
@@ -211,13 +218,14 @@ def main() -> None:
     rng = random.Random(158)
     measured = Measured.load(os.path.join(os.path.dirname(__file__), "results",
                                           "vs_flink.json"))
-    between = BetweenHosts.load(os.path.join(os.path.dirname(__file__), "results",
-                                             "host_hops.json"))
+    hops = os.path.join(os.path.dirname(__file__), "results", "host_hops.json")
     models: dict[str, tuple[Measured | None, BetweenHosts | None]] = {"s3-flip": (None, None)}
     if measured is not None:
         models["measured"] = (measured, None)
-        if between is not None:
-            models["hosts"] = (measured, between)
+        for name, carrier in (("hosts", "tcp_lane"), ("hosts-ray", "ray")):
+            between = BetweenHosts.load(hops, carrier)
+            if between is not None:
+                models[name] = (measured, between)
     rows = []
     for model, (m, hosts) in models.items():
         for wname, per_writer in workloads.items():

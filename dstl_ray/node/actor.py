@@ -47,6 +47,17 @@ from .sources import Sources
 from .stats import NodeCounters, build_status
 
 
+def node_ip() -> str | None:
+    """The IP of the Ray node this process runs on, where peers on other hosts reach its
+    host lane (None outside Ray: unit tests build nodes without it)."""
+    try:
+        import ray  # lazy: unit tests build nodes without Ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - no host lane then; Ray calls still work
+        return None
+
+
 class ChangelogNode:
     """Body of the node actor; ``topology.placement`` wraps it with ``ray.remote``.
 
@@ -72,7 +83,8 @@ class ChangelogNode:
         self.metrics = NodeMetrics(name, level)
         clock = clock or LoopClock()
         self._place = Place(name, parent, level, index, height)
-        self._peers = Peers(config.namespace, lanes=config.local_lane == "on")
+        self._peers = Peers(config.namespace, lanes=config.local_lane == "on",
+                            tcp=config.host_lane == "on")
         storage = storage_for(self.base_path, config)  # S3 options, fault injection
         self._uploader = Uploader(storage, config)
         merging = FileMergingOptions.from_config(config)
@@ -111,7 +123,8 @@ class ChangelogNode:
         # (an answer the lane cannot deliver is released as a late one: nobody names it)
         self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark,
                                        "persist_batch": self.persist_batch},
-                                release=self._router.release_late) \
+                                release=self._router.release_late,
+                                tcp_host=node_ip() if config.host_lane == "on" else None) \
             if config.local_lane == "on" else None
 
     @staticmethod

@@ -111,11 +111,12 @@ async def _failed(e: BaseException) -> Any:
 
 
 class LaneServer:
-    """Listens on ``<private temp dir>/lane.sock`` once :meth:`start` ran on the actor's loop;
-    ``info()`` is what writers need to connect (the node's ``lane()`` method returns it)."""
+    """Listens on ``<private temp dir>/lane.sock`` once :meth:`start` ran on the actor's loop
+    (and, given ``tcp_host``, on a TCP port of that address: the host lane); ``info()`` is
+    what writers and peers need to connect (the node's ``lane()`` method returns it)."""
 
     def __init__(self, node: str, handlers: dict[str, Handler],
-                 release: Release | None = None) -> None:
+                 release: Release | None = None, tcp_host: str | None = None) -> None:
         unknown = set(handlers) - set(METHODS)
         if unknown:
             raise ValueError(f"the lane carries {METHODS}, not {sorted(unknown)}")
@@ -124,11 +125,15 @@ class LaneServer:
         self.token = secrets.token_hex(16)
         self.calls = 0
         self.connections = 0
+        self.tcp_connections = 0  # of them, host lanes (peers on other hosts)
         self.refused = 0
         self.undelivered = 0  # answers whose connection broke first (their segments released)
         self._release = release
         self._dir: str | None = None
         self._server: asyncio.AbstractServer | None = None
+        # the host lane: the same calls over TCP on this host's IP, for peers on other hosts
+        self._tcp_host = tcp_host
+        self._tcp: asyncio.AbstractServer | None = None
         self._starting = asyncio.Lock()  # (bound to the loop on first use)
         self._tasks: set[asyncio.Task] = set()
 
@@ -153,7 +158,13 @@ class LaneServer:
                     json.dump(owner_record(), f)
                 os.replace(tmp, os.path.join(self._dir, OWNER_FILE))
                 self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+                if self._tcp_host is not None:
+                    self._tcp = await asyncio.start_server(self._serve, host=self._tcp_host,
+                                                           port=0)
             except BaseException:
+                if self._server is not None:
+                    self._server.close()
+                    self._server = None
                 shutil.rmtree(self._dir, ignore_errors=True)  # ours, and of no use
                 self._dir = None
                 raise
@@ -163,11 +174,16 @@ class LaneServer:
             return None
         # the pid ties a lane to this process: a peer drops a lane whose actor Ray restarted
         # elsewhere or declared dead (dstl_ray.node.peers)
-        return {"path": self.path, "token": self.token, "machine": machine_id(),
-                "pid": os.getpid()}
+        info: dict[str, Any] = {"path": self.path, "token": self.token,
+                                "machine": machine_id(), "pid": os.getpid()}
+        if self._tcp is not None:
+            host, port = self._tcp.sockets[0].getsockname()[:2]
+            info["tcp"] = f"tcp://{host}:{port}"
+        return info
 
     def stats(self) -> dict[str, int]:
-        return {"calls": self.calls, "connections": self.connections, "refused": self.refused,
+        return {"calls": self.calls, "connections": self.connections,
+                "tcp_connections": self.tcp_connections, "refused": self.refused,
                 "undelivered": self.undelivered}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -186,6 +202,7 @@ class LaneServer:
                 await writer.drain()
                 return
             self.connections += 1
+            self.tcp_connections += isinstance(writer.get_extra_info("peername"), tuple)
             writer.write(b"OK")
             await writer.drain()
             while True:
@@ -264,6 +281,9 @@ class LaneServer:
             log.warning("%s: cannot release an undelivered answer: %s", self.node, e)
 
     async def close(self) -> None:
+        if self._tcp is not None:
+            self._tcp.close()
+            self._tcp = None
         if self._server is not None:
             self._server.close()
             self._server = None

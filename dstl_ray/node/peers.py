@@ -61,10 +61,11 @@ class Peers:
 
     def __init__(self, namespace: str, lanes: bool = True,
                  clock: Callable[[], float] = time.monotonic,
-                 actor_state: ActorState | None = None) -> None:
+                 actor_state: ActorState | None = None, tcp: bool = False) -> None:
         self.namespace = namespace
         self.handles: dict[str, Any] = {}
         self.use_lanes = lanes
+        self.use_tcp = tcp  # host lanes to peers on other hosts
         self.clock = clock
         self.lanes: dict[str, Lane] = {}
         self.retiring: dict[Lane, str] = {}  # dropped lanes still delivering answers
@@ -135,7 +136,8 @@ class Peers:
             info = await asyncio.wait_for(handle.lane.remote(), LANE_OPEN_TIMEOUT_S)
             ln = None
             if info:
-                ln = await asyncio.to_thread(open_lane, info, name, self._late_answer)
+                ln = await asyncio.to_thread(open_lane, info, name, self._late_answer,
+                                             self.use_tcp)
         except Exception as e:  # noqa: BLE001 - Ray calls still work
             log.info("no lane to %s: %s: %s", name, type(e).__name__, e)
             ln = None

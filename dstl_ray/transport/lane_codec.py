@@ -13,6 +13,7 @@ otherwise hand one request another's bytes, or index them as another log's).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 from dataclasses import dataclass
@@ -39,14 +40,22 @@ MAX_FRAME = 1 << 36  # 64 GiB: a length beyond it is a corrupt frame, not a requ
 
 
 def machine_id() -> str:
-    """Names this machine (host name and boot id): a lane is used only between processes
-    that share it, where a Unix socket path means the same socket."""
+    """Names this machine (host name, boot id and network namespace): a Unix lane is used
+    only between processes that share it, where a Unix socket path means the same socket.
+    Processes in different network namespaces are hosts of their own to each other (each its
+    own IP, as containers or the test clusters of ``dstl_ray.testing.hosts``): they talk over
+    the network, by host lane or Ray, even where a shared file system would let a Unix
+    socket through."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        net = os.readlink("/proc/self/ns/net")
+    except OSError:
+        net = ""
+    return f"{socket.gethostname()}/{boot}/{net}"
 
 
 def frame(body: bytes) -> bytes:

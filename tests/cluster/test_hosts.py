@@ -18,7 +18,7 @@ from .hosts_util import needs_hosts
 pytestmark = [needs_hosts, pytest.mark.quiet]  # `ray start` x3: not beside another's start
 
 DRIVER = r"""
-import json, sys
+import json, sys, time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 import dstl_ray
@@ -46,7 +46,17 @@ ip_of = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes}
 got = ray.get([write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
     n["NodeID"], soft=False)).remote(i) for i, n in enumerate(nodes)], timeout=120)
 actors = {s["name"]: ip_of[s["node_id"]] for s in tree.status()}
-print("RESULT " + json.dumps({"writers": got, "actors": actors}))
+# a second round from the children's hosts, once their host lanes to the root are open
+# (a peer opens its lane in the background on its first call, which goes by Ray)
+time.sleep(1.0)
+root = next(s for s in tree.status() if s["parent"] is None)
+kids = [n for n in nodes if ip_of[n["NodeID"]] != actors[root["name"]]]
+ray.get([write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+    n["NodeID"], soft=False)).remote(10 + i) for i, n in enumerate(kids)], timeout=120)
+status = {s["name"]: s for s in tree.status()}
+print("RESULT " + json.dumps({"writers": got, "actors": actors, "root": root["name"],
+                              "lanes": {k: v["lane"] for k, v in status.items()},
+                              "parents": {k: v["parent"] for k, v in status.items()}}))
 tree.shutdown()
 """
 
@@ -63,6 +73,10 @@ def test_writers_on_three_hosts_persist_through_their_own_hosts_node_actor(hosts
     for w in writers:  # every writer reached the node actor of its own host
         assert w["ok"] and actors[w["node"]] == w["ip"], (w, actors)
     assert sorted(set(actors.values())) == sorted(ips)  # a node actor on every host
+    # the children on the two other hosts reach the root over host lanes (TCP to its IP)
+    root = result["root"]
+    assert sorted(p for p in result["parents"].values() if p) == [root, root], result
+    assert result["lanes"][root]["tcp_connections"] >= 2, result["lanes"]
 
 
 PARTITION_DRIVER = r"""

@@ -13,8 +13,9 @@ from experiments.tree_scale_sim import BetweenHosts, Measured, simulate
 
 def hops_file(tmp_path) -> str:
     def kind(nbytes, between, same_p50):
-        return {"method": "m", "bytes": nbytes, "ray_ms": between,
-                "ray_same_host": {"p50": same_p50}}
+        return {"method": "m", "bytes": nbytes, "tcp_lane_ms": between,
+                "unix_lane_same_host": {"p50": same_p50},
+                "ray_ms": [x * 10 for x in between], "ray_same_host": {"p50": same_p50}}
 
     path = tmp_path / "host_hops.json"
     path.write_text(json.dumps({"kinds": [kind(16 << 10, [3.0, 3.0], 1.0),
@@ -33,6 +34,8 @@ def test_the_extra_cost_is_the_samples_of_the_nearest_size_at_or_above_less_same
     assert hosts.extra(rng, 200 << 10) == 10.0
     assert hosts.extra(rng, 512 << 10) == 20.0  # beyond the largest: scaled by size
     assert BetweenHosts.load(str(tmp_path / "absent.json")) is None
+    by_ray = BetweenHosts.load(hops_file(tmp_path), "ray")  # Ray's calls between hosts
+    assert by_ray is not None and by_ray.extra(rng, 1000) == 29.0
 
 
 def test_a_tree_across_hosts_is_slower_by_its_crossings(tmp_path):

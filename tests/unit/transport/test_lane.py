@@ -109,7 +109,8 @@ def test_calls_reach_the_handlers_in_order_and_answer_their_callers(served):
     assert futs[-1].result(5) is None
     assert seen[:50] == [("persist_many", [f"r{i}"]) for i in range(50)]
     assert seen[50] == ("mark", "job", "log1", 7, 3)
-    assert server.stats() == {"calls": 51, "connections": 1, "refused": 0, "undelivered": 0}
+    assert server.stats() == {"calls": 51, "connections": 1, "tcp_connections": 0,
+                              "refused": 0, "undelivered": 0}
     lane.close()
 
 
