@@ -124,7 +124,8 @@ class ChangelogNode:
         self._lane = LaneServer(name, {"persist_many": self.persist_many, "mark": self.mark,
                                        "persist_batch": self.persist_batch},
                                 release=self._router.release_late,
-                                tcp_host=node_ip() if config.host_lane == "on" else None) \
+                                tcp_host=node_ip() if config.host_lane == "on" else None,
+                                node_id=node_id) \
             if config.local_lane == "on" else None
 
     @staticmethod

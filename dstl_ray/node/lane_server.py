@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import DstlError
 from ..process_identity import ProcessId
+from ..transport.lane import keepalive
 from ..transport.lane_codec import (
     _LEN,
     HELLO,
@@ -54,6 +55,7 @@ Release = Callable[[list[Any], list[Any]], Awaitable[None]]
 
 
 DIR_PREFIX = "dstl-lane-"
+HELLO_TIMEOUT_S = 10.0  # a connection that has not said the protocol and token by then goes
 OWNER_FILE = "owner.json"  # who made a lane directory: machine, pid, start time
 
 
@@ -116,7 +118,8 @@ class LaneServer:
     what writers and peers need to connect (the node's ``lane()`` method returns it)."""
 
     def __init__(self, node: str, handlers: dict[str, Handler],
-                 release: Release | None = None, tcp_host: str | None = None) -> None:
+                 release: Release | None = None, tcp_host: str | None = None,
+                 node_id: str | None = None) -> None:
         unknown = set(handlers) - set(METHODS)
         if unknown:
             raise ValueError(f"the lane carries {METHODS}, not {sorted(unknown)}")
@@ -134,6 +137,7 @@ class LaneServer:
         # the host lane: the same calls over TCP on this host's IP, for peers on other hosts
         self._tcp_host = tcp_host
         self._tcp: asyncio.AbstractServer | None = None
+        self._node_id = node_id  # the Ray node this actor runs on (lane_watch compares it)
         self._starting = asyncio.Lock()  # (bound to the loop on first use)
         self._tasks: set[asyncio.Task] = set()
 
@@ -158,16 +162,17 @@ class LaneServer:
                     json.dump(owner_record(), f)
                 os.replace(tmp, os.path.join(self._dir, OWNER_FILE))
                 self._server = await asyncio.start_unix_server(self._serve, path=self.path)
-                if self._tcp_host is not None:
-                    self._tcp = await asyncio.start_server(self._serve, host=self._tcp_host,
-                                                           port=0)
             except BaseException:
-                if self._server is not None:
-                    self._server.close()
-                    self._server = None
                 shutil.rmtree(self._dir, ignore_errors=True)  # ours, and of no use
                 self._dir = None
                 raise
+            if self._tcp_host is not None:
+                try:
+                    self._tcp = await asyncio.start_server(self._serve, host=self._tcp_host,
+                                                           port=0)
+                except OSError as e:  # (an address not of this host, behind NAT): by Ray
+                    log.warning("%s: no host lane on %s: %s (peers on other hosts use Ray "
+                                "calls)", self.node, self._tcp_host, e)
 
     def info(self) -> dict[str, Any] | None:
         if self._server is None:
@@ -179,6 +184,8 @@ class LaneServer:
         if self._tcp is not None:
             host, port = self._tcp.sockets[0].getsockname()[:2]
             info["tcp"] = f"tcp://{host}:{port}"
+        if self._node_id:
+            info["node_id"] = self._node_id
         return info
 
     def stats(self) -> dict[str, int]:
@@ -193,8 +200,13 @@ class LaneServer:
             # drain() returns only once the kernel took every byte: an answer still in the
             # loop's buffer when the connection ends is undelivered, and released here
             writer.transport.set_write_buffer_limits(high=0)
-            # raw bytes, compared before anything else is read
-            hello = await reader.readexactly(len(HELLO) + TOKEN_BYTES)
+            tcp = isinstance(writer.get_extra_info("peername"), tuple)
+            if tcp:  # a host lane: a peer whose host is gone ends the connection
+                keepalive(writer.get_extra_info("socket"))
+            # raw bytes, compared before anything else is read (a host lane is reachable
+            # from the network: a connection that does not say them in time is dropped)
+            hello = await asyncio.wait_for(reader.readexactly(len(HELLO) + TOKEN_BYTES),
+                                           HELLO_TIMEOUT_S)
             if not hmac.compare_digest(hello, hello_bytes(self.token)):
                 self.refused += 1
                 log.warning("%s: lane connection without the node's token refused", self.node)
@@ -202,7 +214,7 @@ class LaneServer:
                 await writer.drain()
                 return
             self.connections += 1
-            self.tcp_connections += isinstance(writer.get_extra_info("peername"), tuple)
+            self.tcp_connections += tcp
             writer.write(b"OK")
             await writer.drain()
             while True:
@@ -222,7 +234,7 @@ class LaneServer:
                 for tasks in (self._tasks, mine):
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             # the writer shut its side (closing the lane) or went away: answer what it sent
             # (its reader waits for our end of the stream), then close
             if mine:

@@ -32,7 +32,10 @@ the node, having answered every call it read, closes its own; the read direction
 last, and only then are the calls left failed. An answer written before that line is read,
 one after it fails at the node, which releases it (:mod:`dstl_ray.node.lane_server`); one
 whose caller stopped waiting goes to the lane's ``late`` hook. Each answer's segments are
-released exactly once. docs/architecture.md "Write path" 2.
+released exactly once. A host lane (TCP) never shuts its read side (the node would not
+learn of it): it fails its calls and reads on, every later answer going to ``late``; its
+token crosses the network in clear, as Ray's traffic does. docs/architecture.md "Write
+path" 2 and 4.
 """
 
 from __future__ import annotations
@@ -107,11 +110,14 @@ class Lane:
     was cancelled), so the segments it names are released exactly once."""
 
     def __init__(self, path: str, token: str, node: str, timeout_s: float = 10.0,
-                 peer_pid: int | None = None, late: LateHook | None = None) -> None:
+                 peer_pid: int | None = None, late: LateHook | None = None,
+                 peer_node: str | None = None) -> None:
         self.node = node
         self.path = path
+        self.tcp = path.startswith(TCP)  # a host lane (another host), else a Unix lane
         self.token = token
         self.peer_pid = peer_pid
+        self.peer_node = peer_node  # the Ray node the peer ran on when it answered lane()
         self.late = late
         self.calls = 0
         self._sock = _connect(path, timeout_s)
@@ -349,7 +355,15 @@ class Lane:
     def _abort(self, why: BaseException) -> None:
         """Shut both directions now. The read side is the line: an answer the node wrote
         before it is read (the reader drains what is buffered), one after it fails at the
-        node, which releases it (:mod:`dstl_ray.node.lane_server`); none is lost between."""
+        node, which releases it (:mod:`dstl_ray.node.lane_server`); none is lost between.
+
+        Over TCP (a host lane) shutting the read side tells the node nothing: its answer
+        would land in this host's kernel and be dropped, while the node counts it delivered.
+        So a host lane shuts its write side only and fails its calls in flight now; the
+        reader reads on until the node closes its side (it answers what it read, then
+        closes) or the connection dies (keepalive), and each answer still arriving goes to
+        ``late``, which releases it."""
+        failed: list[_Call] = []
         with self._lock:
             if self.closed is None:
                 self.closed = why
@@ -357,10 +371,18 @@ class Lane:
                 return
             self._aborted = True
             self._queued.notify_all()
+            if self.tcp:
+                self._queue = collections.deque()
+                failed = list(self._pending.values())  # kept: their answers go to ``late``
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)
+                self._sock.shutdown(socket.SHUT_WR if self.tcp else socket.SHUT_RDWR)
             except OSError:
                 pass
+        for call in failed:
+            if not call.future.done():
+                call.future.set_exception(LaneClosedError(
+                    f"lane to node {self.node} ended with this call in flight: "
+                    f"{type(why).__name__}: {why}"))
 
     def _end(self, why: BaseException) -> None:
         """(the reader, at the end of the stream) Fail what is left, close the socket."""
@@ -413,6 +435,20 @@ class Lane:
 
 
 TCP = "tcp://"  # a lane address on another host: tcp://<the node's IP>:<port>
+# a host lane whose peer stopped answering TCP keepalives for this long is broken (its host
+# lost, or cut off past Ray's health check): its reader ends, as a Unix lane's ends with its
+# peer's process. A partitioned peer costs lateness until then, as a stalled one does.
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 5, 6
+
+
+def keepalive(sock: socket.socket) -> None:
+    """TCP keepalive on a host lane's socket (either end): a peer silent for
+    ~``KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT`` s ends the connection."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                       ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+        if hasattr(socket, opt):  # (Linux; elsewhere the system's defaults)
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
 def _connect(path: str, timeout_s: float) -> socket.socket:
@@ -423,6 +459,7 @@ def _connect(path: str, timeout_s: float) -> socket.socket:
         sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keepalive(sock)
         except BaseException:
             sock.close()
             raise
@@ -449,9 +486,10 @@ def open_lane(lane: dict[str, Any], node: str, late: LateHook | None = None,
     else:
         return None
     try:
-        pid = lane.get("pid")
+        pid, peer_node = lane.get("pid"), lane.get("node_id")
         return Lane(path, lane["token"], node,
-                    peer_pid=pid if isinstance(pid, int) else None, late=late)
+                    peer_pid=pid if isinstance(pid, int) else None, late=late,
+                    peer_node=peer_node if isinstance(peer_node, str) else None)
     except Exception as e:  # noqa: BLE001 - Ray still works
         log.info("no lane to node %s (%s): using Ray calls", node, e)
         return None

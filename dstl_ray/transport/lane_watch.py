@@ -30,15 +30,17 @@ LANE_CHECK_S = 5.0  # how often a lane's peer is checked against Ray's actor tab
 # lookup per lane: every writer process with a lane pays it; Ray itself takes tens of seconds
 # to declare a node dead, so a quicker check would cut no sooner)
 
-# (state, pid) Ray's actor table holds for an actor handle's actor; None: not known
-ActorState = Callable[[Any], "tuple[str, int] | None"]
+# (state, pid) or (state, pid, node id) Ray's actor table holds for an actor handle's actor;
+# None: not known
+ActorState = Callable[[Any], "tuple[str, int] | tuple[str, int, str] | None"]
 # a lane whose process is no longer its actor: (the lane, what it was added with, why)
 OnCut = Callable[[Lane, Any, str], None]
 
 
-def ray_actor_state(handle: Any) -> tuple[str, int] | None:
-    """(state, pid) Ray's actor table holds for the actor behind ``handle`` ("DEAD", 0 when
-    it has no entry); None when the table could not be read (then nothing is concluded)."""
+def ray_actor_state(handle: Any) -> tuple[str, int, str] | None:
+    """(state, pid, Ray node id) Ray's actor table holds for the actor behind ``handle``
+    ("DEAD", 0 when it has no entry); None when the table could not be read (then nothing is
+    concluded)."""
     try:
         from ray._private.state import state
 
@@ -47,22 +49,30 @@ def ray_actor_state(handle: Any) -> tuple[str, int] | None:
         log.debug("actor table lookup failed: %s", e)
         return None
     if not info:
-        return "DEAD", 0
-    return str(info.get("State", "")), int(info.get("Pid") or 0)
+        return "DEAD", 0, ""
+    address = info.get("Address") or {}
+    return (str(info.get("State", "")), int(info.get("Pid") or 0),
+            str(address.get("NodeID") or "") if isinstance(address, dict) else "")
 
 
-def gone(got: tuple[str, int] | None, lane_pid: int | None) -> str | None:
-    """Why a lane to ``lane_pid`` no longer leads to its actor, by Ray's ``got`` (state,
-    pid); None keeps it. Only DEAD or RESTARTING, or a nonzero pid other than the lane's, cut
-    a lane: anything unknown (no answer, no pid, a state this code does not know) keeps it,
-    for cutting a lane to a live node makes its callers flush themselves for nothing."""
+def gone(got: tuple[str, int] | tuple[str, int, str] | None, lane_pid: int | None,
+         lane_node: str | None = None) -> str | None:
+    """Why a lane to process ``lane_pid`` on Ray node ``lane_node`` no longer leads to its
+    actor, by Ray's ``got`` (state, pid[, node id]); None keeps it. Only DEAD or RESTARTING,
+    or a nonzero pid other than the lane's, or a node other than the lane's (an actor
+    restarted on a fresh host can get the pid it had on the lost one), cut a lane: anything
+    unknown (no answer, no pid or node, a state this code does not know) keeps it, for
+    cutting a lane to a live node makes its callers flush themselves for nothing."""
     if got is None:
         return None
-    state, pid = got
+    state, pid = got[0], got[1]
+    node = got[2] if len(got) > 2 else ""
     if state in ("DEAD", "RESTARTING"):
         return f"Ray holds its actor {state}"
     if pid and lane_pid is not None and pid != lane_pid:
         return f"Ray's actor now runs in process {pid}"
+    if node and lane_node and node != lane_node:
+        return f"Ray's actor now runs on node {node}"
     return None
 
 
@@ -78,7 +88,7 @@ class LaneWatch:
         self.name = name
         self._lock = threading.Lock()
         self._lanes: dict[Lane, tuple[Any, Any]] = {}  # lane -> (actor handle, tag)
-        self._last: dict[Lane, tuple[str, int] | None] = {}
+        self._last: dict[Lane, tuple[Any, ...] | None] = {}
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()  # set by stop(): no more lanes, the thread ends
         self.lookups = 0
@@ -93,7 +103,7 @@ class LaneWatch:
                 self._thread = threading.Thread(target=self._run, daemon=True, name=self.name)
                 self._thread.start()
 
-    def last(self, lane: Lane) -> tuple[str, int] | None:
+    def last(self, lane: Lane) -> tuple[Any, ...] | None:
         """What Ray's actor table said of ``lane``'s actor at its last check (None: not
         checked yet, or no answer)."""
         return self._last.get(lane)
@@ -138,7 +148,7 @@ class LaneWatch:
             log.debug("cannot check the lane to %s: %s", ln.node, e)
             return
         self._last[ln] = got
-        why = gone(got, ln.peer_pid)
+        why = gone(got, ln.peer_pid, ln.peer_node)
         if why is None:
             return
         log.warning("cutting the lane to %s (pid %s): %s", ln.node, ln.peer_pid, why)

@@ -132,3 +132,72 @@ def test_peers_open_host_lanes_to_a_node_on_another_machine(served):
     off.actor = nodes.__getitem__  # type: ignore[method-assign]
     assert loop.run(opened(off, "node-a")) == (None, None)
     off.close()
+
+
+def test_a_cut_host_lane_fails_its_calls_at_once_and_releases_their_late_answers(served):
+    """Over TCP a cut cannot make the node's later answer fail there (the kernel here would
+    take and drop it): the lane fails its calls in flight, reads on, and hands each answer
+    still arriving to ``late`` (released), so every answer is released exactly once."""
+    server, _loop, _seen = served
+    late: list = []
+    lane = open_lane(remote(server.info()), "node-a", lambda *a: late.append(a), tcp=True)
+    held = lane.call("persist_many", [_req("hold")])
+    time.sleep(0.2)  # the node has the call
+    lane.cut("Ray holds its actor DEAD")
+    with pytest.raises(LaneClosedError):
+        held.result(1)
+    server.release()
+    deadline = time.monotonic() + 5
+    while not (late and lane.done):  # the node answered, then closed its side
+        assert time.monotonic() < deadline, (late, lane.done)
+        time.sleep(0.02)
+    (method, sent, results), = late
+    assert method == "persist_many" and [s.job_id for s in sent] == ["job"]
+    assert results == [_seg("hold")] and server.stats()["undelivered"] == 0
+
+
+def test_the_lane_names_the_ray_node_and_the_watch_cuts_a_lane_whose_actor_moved():
+    from dstl_ray.transport.lane_watch import gone
+
+    loop = _Loop()
+    server = LaneServer("node-a", {}, tcp_host="127.0.0.1", node_id="ray-node-1")
+    try:
+        loop.run(server.start())
+        info = remote(server.info())
+        assert info["node_id"] == "ray-node-1"
+        lane = open_lane(info, "node-a", tcp=True)
+        assert lane.peer_node == "ray-node-1"
+        lane.close()
+    finally:
+        loop.run(server.close())
+        loop.stop()
+    pid = 4242
+    assert gone(("ALIVE", pid, "ray-node-1"), pid, "ray-node-1") is None
+    # restarted on a fresh host, with the pid it had on the lost one
+    assert "node ray-node-2" in gone(("ALIVE", pid, "ray-node-2"), pid, "ray-node-1")
+    assert gone(("ALIVE", pid, ""), pid, "ray-node-1") is None  # unknown: kept
+    assert gone(("ALIVE", pid), pid, "ray-node-1") is None
+
+
+def test_a_connection_that_does_not_say_the_token_in_time_is_dropped(served, monkeypatch):
+    from dstl_ray.node import lane_server
+
+    server, _loop, _seen = served
+    monkeypatch.setattr(lane_server, "HELLO_TIMEOUT_S", 0.3)
+    host, port = server.info()["tcp"][len("tcp://"):].rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as s:
+        s.settimeout(5)
+        assert s.recv(2) == b""  # closed by the node, nothing said
+    assert open_lane(remote(server.info()), "node-a", tcp=True) is not None
+
+
+def test_a_host_lane_address_that_cannot_be_bound_leaves_the_unix_lane():
+    loop = _Loop()
+    server = LaneServer("node-a", {}, tcp_host="203.0.113.7")  # (TEST-NET: not this host's)
+    try:
+        loop.run(server.start())
+        info = server.info()
+        assert "tcp" not in info and open_lane(info, "node-a") is not None
+    finally:
+        loop.run(server.close())
+        loop.stop()
