@@ -204,8 +204,8 @@ class ChangelogConfig:
     host_lane: str = _opt(
         "on", "With local_lane on, a node actor sends a child's batches and marks to a parent "
         "on another host over TCP to the parent's Ray IP, with the local lane's frames and "
-        "token (on: 0.13 ms per call between hosts here, 0.28 ms for 256 KiB, against 1.2 "
-        "and 4.9 ms by Ray; off: Ray calls between hosts).", choices=("on", "off"))
+        "token (on: 0.13 ms per call between hosts here, 0.35 ms for 256 KiB, against 1.1 "
+        "and 4.8 ms by Ray; off: Ray calls between hosts).", choices=("on", "off"))
     namespace: str = _opt("dstl_ray", "Ray namespace of the node actors.")
 
     def __post_init__(self) -> None:

@@ -2,8 +2,8 @@
 a Unix socket, not through Ray (docs/architecture.md "Write path" 2); node actors use it the
 same way for a child's batches and marks to a parent on their machine ("Write path" 4,
 :meth:`Lane.submit`), and, as the host lane, to a parent on another host over TCP (the same
-frames on a TCP connection to the node's Ray IP: a Ray call between two hosts cost 1.2 ms at
-the median and 4.9 ms for a 256 KiB batch, the host lane 0.13 and 0.28 ms;
+frames on a TCP connection to the node's Ray IP: a Ray call between two hosts cost 1.1 ms at
+the median and 4.8 ms for a 256 KiB batch, the host lane 0.13 and 0.35 ms;
 ``experiments.host_hops``).
 
 A Ray actor call from a writer to its node actor cost 3.3 ms to arrive and 2.2 ms to answer
