@@ -78,8 +78,16 @@ def hash_input(key: object) -> bytes:
 
 def stable_hash(key: object) -> int:
     """A 64-bit hash of ``key`` that is the same in every process and run (blake2b of
-    :func:`hash_input`)."""
-    return int.from_bytes(hashlib.blake2b(hash_input(key), digest_size=8).digest(), "little")
+    :func:`hash_input`; ``int`` and ``str`` keys, the common ones, encoded inline: every
+    state access of the per-key API hashes its key)."""
+    t = type(key)
+    if t is int:
+        data = b"i" + str(key).encode("ascii")
+    elif t is str:
+        data = b"s" + key.encode("utf-8")  # type: ignore[attr-defined]
+    else:
+        data = hash_input(key)
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def assign_key_groups(keys: Iterable[object], max_parallelism: int

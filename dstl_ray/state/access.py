@@ -27,8 +27,8 @@ class _State:
 
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
-        kg = assign_key_group(key, b.max_parallelism)
-        if kg not in b.key_group_range:
+        kg, r = assign_key_group(key, b.max_parallelism), b.key_group_range
+        if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
                                 f"range {b.key_group_range.start}..{b.key_group_range.end}")
         return kg, b._ser.serialize(key)
