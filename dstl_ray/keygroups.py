@@ -64,7 +64,13 @@ def hash_input(key: object) -> bytes:
     ``int`` as ``i`` + its decimal text, ``bool`` as ``b0``/``b1``, anything else as ``r`` +
     ``repr`` (so tuples of those work too). For ``int`` and ``str`` these are also their
     :class:`~dstl_ray.state.records.TaggedSerializer` encodings, which lets a columnar caller
-    encode such a key once (:func:`assign_key_groups`)."""
+    encode such a key once (:func:`assign_key_groups`). Exact ``int`` and ``str``, the
+    common keys, are looked at first: every state access of the per-key API hashes one."""
+    t = type(key)
+    if t is int:
+        return b"i" + str(key).encode("ascii")
+    if t is str:
+        return b"s" + key.encode("utf-8")  # type: ignore[attr-defined]
     if isinstance(key, bytes):
         return key
     if isinstance(key, str):
@@ -78,33 +84,19 @@ def hash_input(key: object) -> bytes:
 
 def stable_hash(key: object) -> int:
     """A 64-bit hash of ``key`` that is the same in every process and run (blake2b of
-    :func:`hash_input`; ``int`` and ``str`` keys, the common ones, encoded inline: every
-    state access of the per-key API hashes its key)."""
-    t = type(key)
-    if t is int:
-        data = b"i" + str(key).encode("ascii")
-    elif t is str:
-        data = b"s" + key.encode("utf-8")  # type: ignore[attr-defined]
-    else:
-        data = hash_input(key)
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    :func:`hash_input`)."""
+    return int.from_bytes(hashlib.blake2b(hash_input(key), digest_size=8).digest(), "little")
 
 
 def assign_key_groups(keys: Iterable[object], max_parallelism: int
                       ) -> list[tuple[int, bytes]]:
     """``(key group, hash input)`` of every key, in order: :func:`assign_key_group` for a
-    column of keys, with the common ``int`` and ``str`` keys encoded inline (a load of
-    millions of keys spends most of its time here)."""
+    column of keys, each key encoded once (a load of millions of keys spends most of its
+    time here)."""
     blake, from_bytes, out = hashlib.blake2b, int.from_bytes, []
     append = out.append
     for key in keys:
-        t = type(key)
-        if t is int:
-            data = b"i" + str(key).encode("ascii")
-        elif t is str:
-            data = b"s" + key.encode("utf-8")  # type: ignore[attr-defined]
-        else:
-            data = hash_input(key)
+        data = hash_input(key)
         append((from_bytes(blake(data, digest_size=8).digest(), "little") % max_parallelism,
                 data))
     return out
