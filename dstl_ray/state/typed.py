@@ -34,6 +34,12 @@ from ..errors import FormatError, InvalidValueError
 from .schema import to_ddl
 
 MARK = b"\x01"
+# an integer at the top of a typed state (a count, a sum), zigzag varint after this mark: a
+# count of 7 is 2 bytes, not 9, and so is each change the changelog carries of it. Values
+# under MARK (the fixed form) stay readable; varints are the same at every width, so int ->
+# bigint evolution reads them as they are
+MARK_VARINT = b"\x02"
+_INT_BITS = {pa.int8(): 8, pa.int16(): 16, pa.int32(): 32, pa.int64(): 64}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _FIXED = {pa.bool_(): "?", pa.int8(): "b", pa.int16(): "h", pa.int32(): "i", pa.int64(): "q",
@@ -355,17 +361,23 @@ class TypedSerializer:
         # a number at the top (a count, a sum): the mark and the value in one struct, for
         # values of exactly the type's Python kind (the per-key API's hot path); the same
         # bytes as the general path, which takes everything else and names what is wrong
-        code = _FIXED.get(t) if t != pa.bool_() else None
+        code = _FIXED.get(t) if pa.types.is_floating(t) else None
         self._whole = struct.Struct("<c" + code) if code else None
-        self._kind = float if pa.types.is_floating(t) else int
+        bits = _INT_BITS.get(t)
+        self._range = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if bits else None
 
     def serialize(self, value: Any) -> bytes:
-        whole = self._whole
-        if whole is not None and type(value) is self._kind:
-            try:
-                return whole.pack(MARK, value)
-            except struct.error:
-                pass  # out of range: the general path says so
+        whole, rng = self._whole, self._range
+        if rng is not None and type(value) is int and rng[0] <= value <= rng[1]:
+            z = value << 1 if value >= 0 else ((-value) << 1) - 1  # zigzag
+            out = bytearray(MARK_VARINT)
+            while z >= 0x80:
+                out.append((z & 0x7F) | 0x80)
+                z >>= 7
+            out.append(z)
+            return bytes(out)
+        if whole is not None and type(value) is float:
+            return whole.pack(MARK, value)
         if value is None:
             raise InvalidValueError(f"a {self.ddl} state stores no None (clear the key)")
         out = [MARK]
@@ -373,7 +385,9 @@ class TypedSerializer:
         return b"".join(out)
 
     def deserialize(self, data: bytes) -> Any:
-        whole = self._whole
+        whole, rng = self._whole, self._range
+        if rng is not None and data[:1] == MARK_VARINT:
+            return self._varint_value(data, rng)
         if whole is not None and len(data) == whole.size and data[:1] == MARK:
             return whole.unpack(data)[1]
         buf = memoryview(data)
@@ -387,4 +401,16 @@ class TypedSerializer:
         if pos != len(buf):
             raise FormatError(f"malformed {self.ddl} state value: {len(buf) - pos} bytes "
                               f"after the value")
+        return value
+
+    def _varint_value(self, data: bytes, rng: tuple[int, int]) -> int:
+        """An integer written under :data:`MARK_VARINT`, checked against this type's range
+        (a value too wide for it, or trailing bytes, is a corrupt value, not a number)."""
+        z, pos = _read_varint(memoryview(data), 1)
+        if pos != len(data):
+            raise FormatError(f"malformed {self.ddl} state value: {len(data) - pos} bytes "
+                              f"after the value")
+        value = (z >> 1) ^ -(z & 1)
+        if not rng[0] <= value <= rng[1]:
+            raise FormatError(f"malformed {self.ddl} state value: {value} is out of its range")
         return value

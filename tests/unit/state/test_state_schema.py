@@ -131,8 +131,33 @@ def test_a_value_comes_back_as_sparks_arrow_conversion_gives_it():
                     "day": dt.date(2026, 11, 26),
                     "amount": decimal.Decimal("12.35"),  # to the scale, half up
                     "tags": ["a", None], "attrs": {"x": 1}, "ntz": naive}
-    # compact: a bigint is its 8 bytes and the format mark
-    assert len(TypedSerializer(pa.int64()).serialize(7)) == 9
+    # compact: a small bigint is its mark and a zigzag varint
+    assert len(TypedSerializer(pa.int64()).serialize(7)) == 2
+
+
+@given(st.sampled_from([(pa.int8(), 8), (pa.int16(), 16), (pa.int32(), 32), (pa.int64(), 64)]),
+       st.data())
+def test_integers_round_trip_as_varints_and_the_fixed_form_still_reads(width, data):
+    """A typed integer is written as a zigzag varint (MARK_VARINT), the same at every width
+    (an int -> bigint evolution reads it as it is); the fixed form written before reads as
+    it did, and a varint out of the type's range, or with bytes after it, is refused."""
+    import struct
+
+    from dstl_ray.state.typed import MARK, MARK_VARINT
+
+    t, bits = width
+    v = data.draw(st.integers(-(1 << (bits - 1)), (1 << (bits - 1)) - 1))
+    ser = TypedSerializer(t)
+    enc = ser.serialize(v)
+    assert enc[:1] == MARK_VARINT and ser.deserialize(enc) == v
+    assert TypedSerializer(pa.int64()).deserialize(enc) == v  # widened
+    code = {8: "b", 16: "h", 32: "i", 64: "q"}[bits]
+    assert ser.deserialize(MARK + struct.pack("<" + code, v)) == v  # the fixed form
+    with pytest.raises(FormatError):
+        ser.deserialize(enc + b"\x00")
+    if bits < 64:
+        with pytest.raises(FormatError, match="out of its range"):
+            ser.deserialize(TypedSerializer(pa.int64()).serialize(1 << bits))
 
 
 @pytest.mark.parametrize(("ddl", "value", "match"), [
