@@ -30,7 +30,7 @@ class _State:
         kg, r = assign_key_group(key, b.max_parallelism), b.key_group_range
         if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
-                                f"range {b.key_group_range.start}..{b.key_group_range.end}")
+                                f"range {r.start}..{r.end}")
         return kg, b._ser.serialize(key)
 
     @property

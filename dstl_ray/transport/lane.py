@@ -49,7 +49,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -378,10 +378,14 @@ class Lane:
                 self._sock.shutdown(socket.SHUT_WR if self.tcp else socket.SHUT_RDWR)
             except OSError:
                 pass
-        for call in failed:
+        self._fail(failed, why)
+
+    def _fail(self, calls: Iterable[_Call], why: BaseException | None) -> None:
+        """Fail each of ``calls`` not answered yet: the lane ended with it in flight."""
+        for call in calls:
             if not call.future.done():
                 call.future.set_exception(LaneClosedError(
-                    f"lane to node {self.node} ended with this call in flight: "
+                    f"lane to node {self.node} closed with this call in flight: "
                     f"{type(why).__name__}: {why}"))
 
     def _end(self, why: BaseException) -> None:
@@ -394,11 +398,7 @@ class Lane:
             self._queue = collections.deque()
             self._sock.close()
             reason = self.closed
-        for call in pending.values():
-            if not call.future.done():
-                call.future.set_exception(LaneClosedError(
-                    f"lane to node {self.node} closed with this call in flight: "
-                    f"{type(reason).__name__}: {reason}"))
+        self._fail(pending.values(), reason)
         self._done.set()
 
     def in_flight_until(self, default_s: float = 5.0) -> float:
