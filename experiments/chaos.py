@@ -83,9 +83,11 @@ from .chaos_job import (
     TREE_WIDE,
     TREE_WIDE_GRACE_S,
     Bystander,
+    Placement,
     Savepoint,
     Subtask,
     final_files,
+    kill_actors,
 )
 from .chaos_report import drift, read_back, recovery_ratios, report
 from .common import parser
@@ -110,6 +112,7 @@ class Harness:
         self.config = config
         self.tree = deploy(base, config, detached=False)
         self.actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(Subtask)
+        self.placement = Placement(self._nodes, offset=1, soft=True)
         self.peak_rss_kb = {"node_actors": 0, "subtasks": 0}
         self.removed: list[str] = []  # node ids removed from the cluster
         self.tree_wide: list[tuple[float, float]] = []  # when tree-wide faults went on
@@ -122,35 +125,17 @@ class Harness:
 
     def start(self, job: str, restore: str | None, incarnation: str = "",
               parallelism: int = PAR, foreign: bool = False) -> list[Any]:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        return self.placement.start(self.actor, job, restore, self.ns, self.env, incarnation,
+                                    parallelism, foreign)
 
-        for attempt in range(3):
-            nodes = sorted(n["NodeID"] for n in ray.nodes()
-                           if n["Alive"] and n["NodeID"] not in self.removed)
-            actors = [self.actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                nodes[(i + 1) % len(nodes)], soft=True)).remote(job, i, restore, self.ns,
-                                                                 self.env, incarnation,
-                                                                 parallelism, foreign)
-                for i in range(parallelism)]
-            try:
-                ray.get([a.rss_kb.remote() for a in actors], timeout=120)
-                return actors
-            except Exception:  # noqa: BLE001 - placed on a node that just went away
-                self.kill(actors)
-                if attempt == 2:
-                    raise
-                time.sleep(1.0)
-        raise AssertionError("unreachable")
+    def _nodes(self) -> list[str]:
+        import ray
+
+        return sorted(n["NodeID"] for n in ray.nodes()
+                      if n["Alive"] and n["NodeID"] not in self.removed)
 
     def kill(self, actors: list[Any]) -> None:
-        import ray
-
-        for a in actors:
-            try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+        kill_actors(actors)
 
     def live_status(self) -> list[dict[str, Any]]:
         return [s for s in self.tree.status() if "error" not in s]

@@ -17,6 +17,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,6 +280,54 @@ def restore_in_driver(job: str, base: str, metadata_url: str) -> dict[int, int]:
         return b.dump().get("count", {})
     finally:
         b.close()
+
+
+def kill_actors(actors: list[Any]) -> None:
+    """Kill each of ``actors`` (one already dead is no error)."""
+    import ray
+
+    for a in actors:
+        try:
+            ray.kill(a)
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a harness puts a job's subtasks: subtask ``i`` on ``nodes()[(i + offset) %
+    len]`` (``soft``: elsewhere if that node cannot take it), ready once each answers within
+    ``timeout_s``; ``attempts`` placements in all, ``pause_s`` apart (a node that went away
+    just then: the subtasks are killed and placed again)."""
+
+    nodes: Callable[[], list[str]]
+    offset: int = 0
+    soft: bool = False
+    attempts: int = 3
+    timeout_s: float = 120.0
+    pause_s: float = 1.0
+
+    def start(self, actor: Any, job: str, restore: str | None, namespace: str,
+              env: dict[str, str], incarnation: str, parallelism: int,
+              foreign: bool) -> list[Any]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        for attempt in range(self.attempts):
+            nodes = self.nodes()
+            actors = [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                nodes[(i + self.offset) % len(nodes)], soft=self.soft)).remote(
+                    job, i, restore, namespace, env, incarnation, parallelism, foreign)
+                for i in range(parallelism)]
+            try:
+                ray.get([a.rss_kb.remote() for a in actors], timeout=self.timeout_s)
+                return actors
+            except Exception:  # noqa: BLE001 - placed on a node that just went away
+                kill_actors(actors)
+                if attempt == self.attempts - 1:
+                    raise
+                time.sleep(self.pause_s)
+        raise AssertionError("unreachable")
 
 
 def list_job_files(base: str, job: str) -> list[str]:

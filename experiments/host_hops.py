@@ -241,7 +241,7 @@ def main() -> None:
               f"p99 {k['ray']['p99']:.3f}  tcp lane p50 {k['tcp_lane']['p50']:.3f} "
               f"p99 {k['tcp_lane']['p99']:.3f} ms")
     write_results("host_hops", {"calls": calls, **res, "tcp_lane_wins_p50_and_p99": wins},
-                  plot(res["kinds"]))
+                  plot(res["kinds"]), args.out)
 
 
 def argparse_hidden() -> str:

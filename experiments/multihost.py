@@ -208,7 +208,7 @@ def main() -> None:
         **figures, "seed": args.seed, "quick": args.quick, "health_check": HEALTH,
         "wall_s": round(time.time() - origin, 1), "faults": faults,
         "rounds": res["rounds"], "other_job_checkpoint_ms": res["other_job_checkpoint_ms"],
-    }, plot(res, faults, origin))
+    }, plot(res, faults, origin), args.out)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from .chaos_episode import Episode
-from .chaos_job import PAR, Bystander, Subtask, final_files
+from .chaos_job import PAR, Bystander, Placement, Subtask, final_files, kill_actors
 
 NS = "multihost"
 MAIN, OTHER = "multihost-job", "healthy-job"
@@ -47,41 +47,28 @@ class HostsHarness:
         self.base, self.seed, self.env = base, seed, {}
         self.tree = deploy(base, config, detached=False)
         self.actor = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)(Subtask)
-        self.here = ray.get_runtime_context().get_node_id()
+        here = ray.get_runtime_context().get_node_id()
+        # (placed on a host that just went away: placed again, a probe's time later)
+        self.every_host = Placement(self._hosts, attempts=5, timeout_s=PROBE_S, pause_s=2.0)
+        self.here_only = Placement(lambda: [here], attempts=5, timeout_s=PROBE_S, pause_s=2.0)
         self.tree_wide: list[tuple[float, float]] = []  # set from the controller at the end
 
     def start(self, job: str, restore: str | None, incarnation: str = "",
               parallelism: int = PAR, foreign: bool = False) -> list[Any]:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        placement = self.here_only if job == OTHER else self.every_host
+        return placement.start(self.actor, job, restore, NS, self.env, incarnation,
+                               parallelism, foreign)
 
-        for attempt in range(5):
-            nodes = ([self.here] if job == OTHER else
-                     [n["NodeID"] for n in sorted(ray.nodes(),
-                                                  key=lambda n: n["NodeManagerAddress"])
-                      if n["Alive"]])
-            actors = [self.actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                nodes[i % len(nodes)], soft=False)).remote(job, i, restore, NS, self.env,
-                                                           incarnation, parallelism, foreign)
-                for i in range(parallelism)]
-            try:
-                ray.get([a.rss_kb.remote() for a in actors], timeout=PROBE_S)
-                return actors
-            except Exception:  # noqa: BLE001 - placed on a host that just went away
-                self.kill(actors)
-                if attempt == 4:
-                    raise
-                time.sleep(2.0)
-        raise AssertionError("unreachable")
+    @staticmethod
+    def _hosts() -> list[str]:
+        """The live Ray nodes, by IP."""
+        import ray
+
+        return [n["NodeID"] for n in sorted(ray.nodes(), key=lambda n: n["NodeManagerAddress"])
+                if n["Alive"]]
 
     def kill(self, actors: list[Any]) -> None:
-        import ray
-
-        for a in actors:
-            try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+        kill_actors(actors)
 
     def debug(self, actors: list[Any], log: Any) -> None:
         """(The chaos harness logs node states here; between hosts a stall is expected.)"""
