@@ -7,10 +7,8 @@ open host lanes to a node on another machine."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,37 +17,9 @@ from dstl_ray.node import peers as peers_mod
 from dstl_ray.node.lane_server import LaneServer
 from dstl_ray.transport.lane import Lane, LaneClosedError, open_lane
 
-from .test_lane import _Loop, _Node, _req, _seg
+from .lane_util import _Loop, _Node, _req, _seg
 
 ELSEWHERE = "another-host/boot"  # a peer's machine id other than this one's
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[LaneServer, _Loop, list]]:
-    loop = _Loop()
-    seen: list = []
-    release = asyncio.Event()
-
-    async def persist_many(requests):
-        tags = [r.source for r in requests]
-        seen.append(tags)
-        if tags == ["hold"]:
-            await release.wait()
-        if tags == ["fail"]:
-            raise PersistError("no space left")
-        return [_seg(t) for t in tags]
-
-    async def persist_batch(requests, source, budget_s, sent_at):
-        seen.append(("batch", source, [r.source for r in requests]))
-        return [_seg(r.source) for r in requests]
-
-    server = LaneServer("node-a", {"persist_many": persist_many,
-                                   "persist_batch": persist_batch}, tcp_host="127.0.0.1")
-    loop.run(server.start())
-    server.release = lambda: loop.loop.call_soon_threadsafe(release.set)  # type: ignore[attr-defined]
-    yield server, loop, seen
-    loop.run(server.close())
-    loop.stop()
 
 
 def remote(info: dict) -> dict:
@@ -68,8 +38,8 @@ def test_a_node_on_another_machine_is_reached_over_tcp_only_when_asked(served):
     big = lane.call("persist_batch", [_req("big", b"x" * (4 << 20))], "node-b", 2.0, 1.0)
     assert [f.result(10) for f in futs] == [[_seg(f"r{i}")] for i in range(30)]
     assert big.result(10) == [_seg("big")]
-    assert seen[:30] == [[f"r{i}"] for i in range(30)] and seen[30] == ("batch", "node-b",
-                                                                        ["big"])
+    assert seen[:30] == [("persist_many", [f"r{i}"]) for i in range(30)]
+    assert seen[30] == ("persist_batch", "node-b", ["big"])
     with pytest.raises(PersistError, match="no space left"):
         lane.call("persist_many", [_req("fail")]).result(5)
     assert (server.stats()["connections"], server.stats()["tcp_connections"]) == (1, 1)

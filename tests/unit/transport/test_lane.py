@@ -10,8 +10,6 @@ import os
 import socket
 import threading
 import time
-import types
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,77 +21,12 @@ from dstl_ray.errors import (
     PersistError,
     StorageError,
 )
-from dstl_ray.format.changelog import BlockIndex, EncodedSection
-from dstl_ray.format.segment import Segment
 from dstl_ray.node.lane_server import LaneServer
-from dstl_ray.transport.base import PersistRequest
 from dstl_ray.transport.lane import Lane, LaneClosedError, frame, machine_id, open_lane
 from dstl_ray.transport.lane_codec import decode_answer, decode_call, encode_answer, encode_call
 from dstl_ray.transport.sender import Caller
 
-
-def _req(tag: str, data: bytes | None = None) -> PersistRequest:
-    log = bytes(range(16))
-    body = data if data is not None else tag.encode()
-    section = EncodedSection(log, body, (BlockIndex(log, 3, 1, 2, 0, len(body)),), 1, 2, 0)
-    return PersistRequest("job", section, tag, (("traceparent", "00-ab-cd-01"),), 7,
-                          Caller("ns", "01000000", True), 4, "inc-1", 6, "worker-1")
-
-
-def _seg(tag: str) -> Segment:
-    return Segment(f"dstl/node-a/{tag}.dstl", 0, len(tag), 1, 2, "node-a")
-
-
-class _Loop:
-    """An asyncio loop in a thread, as a node actor's."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 10.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
-class _Unpicklable(Exception):
-    def __init__(self, a, b):  # not a dstl_ray error: it comes back as a DstlError naming it
-        super().__init__(f"{a}/{b}")
-        self.lock = threading.Lock()
-
-
-@pytest.fixture
-def served() -> Iterator[tuple[LaneServer, _Loop, list]]:
-    loop = _Loop()
-    seen: list = []
-    release = asyncio.Event()
-
-    async def persist_many(requests):
-        tags = [r.source for r in requests]
-        seen.append(("persist_many", tags))
-        if tags == ["hold"]:
-            await release.wait()
-        if tags == ["fail"]:
-            raise PersistError("no space left")
-        if tags == ["odd"]:
-            raise _Unpicklable(1, 2)
-        if tags == ["fenced"]:
-            return [FencedError("job is fenced")]
-        return [_seg(t) for t in tags]
-
-    async def mark(job_id, source, checkpoint_id, caller=None, named=None):
-        seen.append(("mark", job_id, source, checkpoint_id, named))
-
-    server = LaneServer("node-a", {"persist_many": persist_many, "mark": mark})
-    loop.run(server.start())
-    server.release = lambda: loop.loop.call_soon_threadsafe(release.set)  # type: ignore[attr-defined]
-    yield server, loop, seen
-    loop.run(server.close())
-    loop.stop()
+from .lane_util import _Loop, _Node, _req, _seg
 
 
 def test_calls_reach_the_handlers_in_order_and_answer_their_callers(served):
@@ -325,19 +258,6 @@ def test_submit_sends_from_the_lanes_thread_in_order_and_a_break_fails_the_queue
     with pytest.raises(LaneClosedError):
         lane.submit("persist_many", [_req("after")])  # nothing queued: by Ray
     lane.close()
-
-
-class _Node:
-    """What Peers asks of a node actor handle: ``lane.remote()``."""
-
-    def __init__(self, info):
-        self.asked = 0
-
-        async def remote():
-            self.asked += 1
-            return info
-
-        self.lane = types.SimpleNamespace(remote=remote)
 
 
 def test_peers_open_lanes_in_the_background_and_retire_them_after_their_answers(served):
