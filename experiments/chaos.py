@@ -58,6 +58,8 @@ Run: python -m experiments.chaos [--quick] [--seed N] [--faults N] [--kinds a,b]
 file,s3] [--window-s S]. Writes experiments/results/chaos.json (+ .png). The modules:
 ``chaos_job`` (subtasks, oracle, other job), ``chaos_episode`` (one job's run),
 ``chaos_faults`` and ``chaos_skew`` (the injections), ``chaos_report`` (the results).
+``--hosts N`` (as root) runs the same job on N hosts of their own instead, through 40
+partitions and 10 host losses: ``experiments.multihost`` (results: multihost.json).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -281,8 +284,19 @@ def main() -> None:
                    help="recovery latency windows before and after a measured fault "
                         "(default 30, quick 5; 0: measure only faults that happen to be "
                         "isolated, never wait)")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="the chaos job on N hosts of their own, with partitions and host "
+                        "losses: runs experiments.multihost (root)")
     chaos_skew.add_arguments(p)
     args = p.parse_args()
+    if args.hosts:  # the same job between hosts: experiments.multihost drives it
+        from . import multihost
+
+        sys.argv = [multihost.__file__, "--hosts", str(args.hosts),
+                    *(["--quick"] if args.quick else []), "--seed", str(args.seed),
+                    "--out", args.out]
+        multihost.main()
+        return
     if chaos_skew.run_driver(args):  # a driver on a skewed clock, started by clock_skew
         return
     kinds = [k for k in args.kinds.split(",") if k]

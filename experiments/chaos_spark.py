@@ -28,12 +28,19 @@ process died (a killed executor's Python workers): the results then count the me
 still on storage that no retained checkpoint names, before the final cleanup
 (``segment_files_unnamed``), and what the nodes released (``dead_writers``).
 
+With ``--hosts N`` (as root) the cluster is N hosts, network namespaces with IPs of their own
+(``dstl_ray.testing.hosts``), a Ray node and a RayDP executor on each, the driver in the first:
+Spark's driver reaches its executors, and the tree its nodes, between hosts, and every round
+also cuts a host with an executor off from the driver for 5-9 s (``host_partition``: its
+link down, healed while the round runs). Results: ``chaos_spark_hosts``.
+
 Run: python -m experiments.chaos_spark [--quick] [--seed N] [--big-keys N] [--big-rounds N]
-[--file-merging none|across_checkpoints] [--dead-writer-check S]
+[--file-merging none|across_checkpoints] [--dead-writer-check S] [--hosts N]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import shutil
@@ -48,6 +55,7 @@ from .common import machine, parser, plt, write_results
 
 NS = "chaos-spark"
 KINDS = ("executor_kill", "node_actor_kill", "task_failure", "driver_restart")
+PARTITION_S = (5.0, 9.0)
 FLAG = {"dir": ""}
 
 
@@ -69,6 +77,26 @@ class _DriverDies(Exception):
     pass
 
 
+def partition_a_host(links: Any, rng: random.Random, log: list[dict[str, Any]]
+                     ) -> threading.Thread:
+    """Cut a host other than the driver's off for 5-9 s, in the background (healed in any
+    case): the driver loses the executor there, and the tree the node there."""
+    victim = rng.choice(links.hosts[1:])
+    seconds = rng.uniform(*PARTITION_S)
+
+    def cut() -> None:
+        links.partition(victim)
+        try:
+            time.sleep(seconds)
+        finally:
+            links.heal(victim)
+
+    log.append({"host": victim.ip, "seconds": round(seconds, 1)})
+    t = threading.Thread(target=cut, name=f"partition-{victim.ip}")
+    t.start()
+    return t
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--seed", type=int, default=7)
@@ -82,7 +110,14 @@ def main() -> None:
                    help="seconds between the nodes' checks for dead writers (0: off)")
     p.add_argument("--state-backend", default="heap", choices=("heap", "rocksdb"),
                    help="the subtasks' state table (rocksdb: results as chaos_spark_rocksdb)")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="run on N network-namespace hosts (root; results: chaos_spark_hosts)")
+    p.add_argument("--ray-address", default="", help=argparse.SUPPRESS)  # a host's driver
     args = p.parse_args()
+    if args.hosts and not args.ray_address:  # the cluster's owner; the driver runs inside
+        from dstl_ray.testing.hosts import rerun_on_hosts
+
+        raise SystemExit(rerun_on_hosts(args.hosts, [sys.executable, "-m", __spec__.name]))
     rounds = args.rounds or (3 if args.quick else 12)
     big_keys = args.big_keys if args.big_keys >= 0 else (20_000 if args.quick else 1_000_000)
 
@@ -92,6 +127,7 @@ def main() -> None:
     from dstl_ray import ChangelogConfig, deploy
     from dstl_ray.storage.registry import get_storage
     from dstl_ray.testing import start_local_cluster
+    from dstl_ray.testing.hosts import HostLinks
     from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
     from spark_glue.pipeline import (
         SCHEMA,
@@ -100,7 +136,7 @@ def main() -> None:
         write_distinct_key_file,
         write_event_file,
     )
-    from spark_glue.session import kill_executor
+    from spark_glue.session import executor_hosts, kill_executor
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     rng = random.Random(args.seed)
@@ -108,8 +144,16 @@ def main() -> None:
     FLAG["dir"] = str(work / "flags")
     os.makedirs(FLAG["dir"])
     src, chk, base = work / "input", work / "spark-chk", work / "dstl"
-    cluster = start_local_cluster(3, 1, NS)
-    faults: dict[str, int] = dict.fromkeys(KINDS, 0)
+    links = HostLinks.from_env() if args.ray_address else None
+    if args.ray_address:  # the driver of --hosts N
+        ray.init(address=args.ray_address, namespace=NS, log_to_driver=False)
+        cluster = None
+    else:
+        cluster = start_local_cluster(3, 1, NS)
+    executors = len(links.hosts) if links else 3
+    faults: dict[str, int] = dict.fromkeys(KINDS + ("host_partition",) * bool(links), 0)
+    partitions: list[dict[str, Any]] = []
+    seen_hosts: set[str] = set()  # where executors ran
     events: list[dict[str, Any]] = []
     lost = verified = leaked = 0
     checkpoints = recoveries = 0
@@ -120,7 +164,7 @@ def main() -> None:
         tree = deploy(f"file://{base}", ChangelogConfig(
             namespace=NS, persist_delay_s=0.2, file_merging=args.file_merging,
             dead_writer_check_s=args.dead_writer_check), detached=False)
-        spark = start_spark("chaos-spark", num_executors=3, executor_cores=1,
+        spark = start_spark("chaos-spark", num_executors=executors, executor_cores=1,
                             executor_memory="1G" if big_keys > 100_000 else "512M")
         state: dict[str, Any] = {"die_at": None, "max_keys": 0}
 
@@ -153,16 +197,22 @@ def main() -> None:
                     write_event_file(src, n_files, 400, 300, seed=args.seed)
                     n_files += 1
                 kinds = rng.sample(KINDS, rng.randint(1, 3))
+                if links:  # between hosts: a host cut off from the driver, every round
+                    kinds.append("host_partition")  # injected first
             q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
                  .json(str(src)).writeStream.foreachBatch(op)
                  .option("checkpointLocation", str(chk)).start())
             pending = list(kinds)
+            seen_hosts.update(executor_hosts(spark))
             done_before = op.history.total
+            cuts: list[threading.Thread] = []
             while pending:  # inject at random moments while the round runs
                 time.sleep(rng.uniform(0.5, 3.0) * (1 + 4 * is_big * (big_keys > 100_000)))
                 kind = pending.pop()
                 if kind == "executor_kill":
-                    kill_executor(rng.randrange(3))
+                    kill_executor(rng.randrange(executors))
+                elif kind == "host_partition":
+                    cuts.append(partition_a_host(links, rng, partitions))
                 elif kind == "node_actor_kill":
                     name = rng.choice([s["name"] for s in tree.status()])
                     ray.kill(ray.get_actor(name, namespace=NS), no_restart=False)
@@ -191,11 +241,13 @@ def main() -> None:
                     q = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
                          .json(str(src)).writeStream.foreachBatch(op)
                          .option("checkpointLocation", str(chk)).start())
+            for cut in cuts:  # healed before the round's state is checked
+                cut.join()
             Path(FLAG["dir"], "fail-key").unlink(missing_ok=True)
             if is_big:
                 big.append({"keys": big_keys, "faults": kinds,
                             "duration_s": round(time.time() - t_big, 1)})
-            recoveries += sum(1 for k in kinds if k != "driver_restart")
+            recoveries += sum(1 for k in kinds if k not in ("driver_restart", "host_partition"))
             want = recompute(spark, src)
             problems = diff(op.state(), want, limit=10_000)
             lost += len(problems)
@@ -227,7 +279,8 @@ def main() -> None:
         stop_spark()
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     data = {
         "seed": args.seed, "rounds": rounds, "faults_injected": sum(faults.values()),
@@ -237,6 +290,8 @@ def main() -> None:
         "max_keys_per_batch": state["max_keys"], "big_batches": big,
         "file_merging": args.file_merging, "dead_writer_check_s": args.dead_writer_check,
         "state_backend": args.state_backend,
+        "hosts": len(links.hosts) if links else 0, "host_partitions": partitions,
+        "executor_hosts": sorted(seen_hosts),
         "segment_files": len(seg), "segment_files_unnamed": unnamed, "dead_writers": dead_st,
         "duration_s": round(time.time() - t_start, 1), "events": events, "machine": machine(),
     }
@@ -246,7 +301,8 @@ def main() -> None:
     ax.set_ylabel("faults injected")
     ax.set_title(f"Spark pipeline chaos ({args.state_backend}): {verified} events verified, {lost} lost, "
                  f"{leaked} leaked files")
-    name = "chaos_spark" + ("_rocksdb" if args.state_backend == "rocksdb" else "")
+    name = ("chaos_spark" + ("_rocksdb" if args.state_backend == "rocksdb" else "")
+            + ("_hosts" if links else ""))
     write_results(name, data, fig, args.out)
     if lost or leaked or missing:
         raise SystemExit(f"chaos_spark FAILED: lost={lost} leaked={leaked} missing={missing}")

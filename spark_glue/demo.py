@@ -147,6 +147,10 @@ def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> No
 
 def run_pipeline_demo(args: argparse.Namespace) -> int:
     pyplot("dstl-ray demo (the latency plot)")  # before minutes of work, not after
+    if args.hosts and not args.ray_address:  # the hosts' owner; the demo runs in the first
+        from dstl_ray.testing.hosts import rerun_on_hosts
+
+        return rerun_on_hosts(args.hosts, [sys.executable, "-m", "dstl_ray.cli.main"])
     base = Path(os.path.abspath(args.base_path or "demo-data"))
     shutil.rmtree(base, ignore_errors=True)
     log = base / "logs" / "demo.log"
@@ -163,21 +167,27 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
     from dstl_ray.local import start_local_cluster
 
     from .operator import KeyedStatefulOperator
-    from .session import kill_executor, start_spark, stop_spark
+    from .session import executor_hosts, kill_executor, start_spark, stop_spark
 
     src, out_dir = base / "input", base / "output"
     out_dir.mkdir(parents=True)
-    say(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}")
-    cluster = start_local_cluster(3, 1, NS)
-    spark = None
+    cluster = None
+    if args.ray_address:  # --hosts N: a Ray node on every host, this driver on the first
+        say(f"[demo] joining the Ray cluster of {args.hosts} hosts at {args.ray_address}; "
+            f"data under {base}")
+        ray.init(address=args.ray_address, namespace=NS, log_to_driver=False)
+    else:
+        say(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}")
+        cluster = start_local_cluster(3, 1, NS)
+    executors = args.hosts or 3  # one per Ray node    spark = None
     stop = threading.Event()
     try:
         tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
                   detached=False)
         say(f"[demo] changelog tree: {len(tree.status())} node actors on file://{base}/dstl")
-        spark = start_spark("dstl-demo", num_executors=3, executor_cores=1,
+        spark = start_spark("dstl-demo", num_executors=executors, executor_cores=1,
                             executor_memory="512M")
-        say("[demo] Spark on RayDP: 3 executors spread over the Ray nodes")
+        say(f"[demo] Spark on RayDP: {executors} executors spread over the Ray nodes")
 
         def sink(batch_id: int, outputs: list[Any]) -> None:  # idempotent by batch id
             tmp = out_dir / f".batch-{batch_id:06d}.tmp"
@@ -292,6 +302,7 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             "task_retries": sum(s.retries for s in h), "backend_restores": sum(s.restores
                                                                                for s in h),
             "killed": list(killed) if killed else None,
+            "hosts": args.hosts or 1, "executor_hosts": executor_hosts(spark),
             "recovery_s": round(recovery_s, 2) if recovery_s is not None else None,
             **recovery_latency(list(h), fail_at, args.window),
             "state_matches_recomputation": not problems,
@@ -327,7 +338,8 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
         if spark is not None:
             stop_spark()
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def _sessions(op: Any, out_dir: Path, src: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -374,5 +386,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "that give the p50s before and after (30)")
     p.add_argument("--before-checkpoints", type=int, default=10,
                    help="checkpoints (after the first) the failure waits for (10)")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="run on N hosts of their own: network namespaces with their own IPs "
+                        "and a Ray node each, one executor per host (needs root; default: "
+                        "a local 3-node cluster)")
+    p.add_argument("--ray-address", default="", help=argparse.SUPPRESS)  # a host's driver
     p.add_argument("--no-failure", dest="inject", action="store_false",
                    help="do not kill a node actor and an executor half-way")

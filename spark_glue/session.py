@@ -48,8 +48,10 @@ def start_spark(app_name: str = "dstl-ray", num_executors: int = 2, executor_cor
     if not ray.is_initialized():
         ensure_ray(os.environ.get("DSTL_NAMESPACE", "dstl_ray"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # the driver's address for its executors is the one Ray knows this node by (on several
+    # machines, the --node-ip-address of `ray start`), not whatever the hostname resolves to
     conf = {**DEFAULTS, "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
-            **dict(configs or {})}
+            "spark.driver.host": ray.util.get_node_ip_address(), **dict(configs or {})}
     return raydp.init_spark(app_name, num_executors=num_executors,
                             executor_cores=executor_cores, executor_memory=executor_memory,
                             placement_group_strategy="SPREAD" if spread else None,
@@ -76,6 +78,17 @@ def gcs_address() -> str:
     import ray
 
     return ray.get_runtime_context().gcs_address
+
+
+def executor_hosts(spark: Any) -> list[str]:
+    """The hosts (IPs) of the session's live executors, one per executor, as Spark's
+    scheduler knows them."""
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    hosts = [str(i.host()) for i in infos]
+    driver = spark.conf.get("spark.driver.host", "")
+    if driver in hosts:
+        hosts.remove(driver)  # the driver is listed as well
+    return sorted(hosts)
 
 
 def executor_actors() -> list[tuple[str, str]]:

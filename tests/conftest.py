@@ -26,6 +26,7 @@ import pytest
 from background import BackgroundRuns, Finished, Run  # tests/background.py
 
 from dstl_ray.testing import start_local_cluster, stop_local_cluster
+from dstl_ray.testing.hosts import unavailable as hosts_unavailable
 
 N_NODES = int(os.environ.get("DSTL_TEST_NODES", "5"))
 # Ray's worker processes (node actors, tasks, Spark's executors) inherit this from the raylets
@@ -37,6 +38,8 @@ MARKED_DIRS = {"cluster": TESTS / "cluster", "spark": TESTS / "spark", "runs": T
 TIERS = ("unit", "integration", "cluster", "spark", "runs")  # the order tests run in
 PY = sys.executable
 CHAOS = ("-m", "experiments.chaos", "--quick", "--out", "{out}")
+# the Spark chaos run on 3 hosts of their own where they can be made (root), else on one
+SPARK_HOSTS = ("--hosts", "3") if hosts_unavailable() is None else ()
 
 
 def _ci_chaos_kinds() -> str:
@@ -54,7 +57,7 @@ RUNS = (
     Run("vs_flink", (PY, "-m", "experiments.vs_flink", "--no-flink", "--nodes", "2",
                      "--seconds", "4", "--input", "even", "--out", "{out}"), 600.0),
     Run("chaos_spark", (PY, "-m", "experiments.chaos_spark", "--quick", "--seed", "3",
-                        "--out", "{out}")),
+                        *SPARK_HOSTS, "--out", "{out}")),
     Run("demo", (str(Path(PY).parent / "dstl-ray"), "demo", "--duration", "14",
                  "--window", "5", "--before-checkpoints", "3", "--base-path", "{out}/demo"),
         600.0),

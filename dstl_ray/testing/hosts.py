@@ -17,6 +17,7 @@ namespace (its Ray node is local there).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -30,6 +31,7 @@ from typing import Any
 
 PREFIX = "dstlh"  # namespaces dstlh-<tag>-<i>; links dstlb<tag> (bridge), dstlv<tag><i>
 HEAD_PORT = 6379
+SPEC_ENV = "DSTL_HOSTS"  # the cluster's hosts, for a driver run inside one (HostLinks)
 
 
 def unavailable() -> str | None:
@@ -194,6 +196,26 @@ class HostCluster:
         return subprocess.Popen(["ip", "netns", "exec", host.namespace, *argv], env=env,
                                 text=True, **kwargs)
 
+    def spec(self) -> dict[str, Any]:
+        """What a driver run inside a host needs to cut the others' links
+        (:class:`HostLinks`): the hosts, and the network namespace their links are in (this
+        process's)."""
+        return {"address": self.address, "netns": f"/proc/{os.getpid()}/ns/net",
+                "hosts": [{"namespace": h.namespace, "ip": h.ip, "link": h.link}
+                          for h in self.hosts]}
+
+    def rerun(self, host: Host, argv: list[str], cwd: str | Path | None = None) -> int:
+        """Run ``argv`` inside ``host`` with this process's terminal (a driver of the
+        cluster, as ``dstl-ray demo --hosts N`` and ``experiments.chaos_spark --hosts N``
+        run themselves), the hosts in ``DSTL_HOSTS``; returns its exit code."""
+        proc = self.popen(host, argv, cwd=cwd, env={SPEC_ENV: json.dumps(self.spec())})
+        try:
+            return proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
     def partition(self, host: Host) -> None:
         """Cut ``host`` off: its link goes down (its processes live on, unreachable)."""
         _ip("link", "set", host.link, "down")
@@ -214,3 +236,70 @@ class HostCluster:
             self.lose(host)
         remove_stale(self.tag)
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def without_hosts_flag(argv: list[str]) -> list[str]:
+    """``argv`` without its ``--hosts N`` (or ``--hosts=N``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--hosts":
+            skip = True
+        elif not a.startswith("--hosts="):
+            out.append(a)
+    return out
+
+
+def rerun_on_hosts(hosts: int, command: list[str], say: Any = print) -> int:
+    """Run this program again as the driver of ``hosts`` hosts (root): a
+    :class:`HostCluster` of one CPU per host is made, ``command`` plus this process's
+    arguments without ``--hosts``, plus ``--ray-address ADDRESS``, runs in the first host
+    (with ``DSTL_HOSTS``, so it can cut the others' links: :class:`HostLinks`), and the
+    cluster is torn down when it exits. Returns its exit code. ``dstl-ray demo --hosts N``
+    and ``experiments.chaos_spark --hosts N`` run this way."""
+    reason = unavailable()
+    if reason:
+        raise RuntimeError(f"--hosts {hosts}: cannot make hosts here: {reason}")
+    if hosts < 2:
+        raise ValueError(f"--hosts must be at least 2, got {hosts}")
+    with HostCluster(hosts) as hc:
+        say(f"[hosts] {hosts} hosts (network namespaces): {', '.join(h.ip for h in hc.hosts)}"
+            f"; Ray's head and the driver in {hc.hosts[0].ip}")
+        return hc.rerun(hc.hosts[0], [*command, *without_hosts_flag(sys.argv[1:]),
+                                      "--ray-address", hc.address], cwd=os.getcwd())
+
+
+@dataclass(frozen=True)
+class HostLinks:
+    """The hosts' links as a driver inside one of them sees them (:meth:`HostCluster.rerun`
+    gives it ``DSTL_HOSTS``): it partitions and heals another host as the cluster's owner
+    does, entering the owner's network namespace (``nsenter``; root)."""
+
+    address: str
+    netns: str
+    hosts: tuple[Host, ...]
+
+    @classmethod
+    def from_env(cls) -> HostLinks | None:
+        """The hosts this process runs among, or None outside a :class:`HostCluster`."""
+        raw = os.environ.get(SPEC_ENV)
+        if not raw:
+            return None
+        spec = json.loads(raw)
+        return cls(spec["address"], spec["netns"], tuple(
+            Host(i, h["namespace"], h["ip"], h["link"]) for i, h in enumerate(spec["hosts"])))
+
+    def _link(self, host: Host, state: str) -> None:
+        out = subprocess.run(["nsenter", f"--net={self.netns}", "ip", "link", "set",
+                              host.link, state], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"ip link set {host.link} {state} (host {host.ip}): "
+                               f"{out.stderr.strip()}")
+
+    def partition(self, host: Host) -> None:
+        """Cut ``host`` off (its link down), as :meth:`HostCluster.partition`."""
+        self._link(host, "down")
+
+    def heal(self, host: Host) -> None:
+        self._link(host, "up")
