@@ -40,6 +40,7 @@ from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, r
 from .lease import JobLease
 from .lease_epochs import EPOCHS_DIR
 from .metadata import METADATA_FILE, CheckpointMetadata, delete_metadata
+from .metadata_write import ExclusiveMetadata
 from .pending import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
     PendingCheckpoint,
@@ -116,6 +117,7 @@ class CheckpointCoordinator:
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
                               epochs_url=join(self.base_path, EPOCHS_DIR, job_id))
         self.declined = 0
+        self.metadata = ExclusiveMetadata(self.storage, self.lease)  # never written over
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
                                      self.lease.check, self.registry)
@@ -242,7 +244,7 @@ class CheckpointCoordinator:
                        error: BaseException | None) -> CompletedCheckpoint:
         url = join(self.job_path, f"chk-{n}", METADATA_FILE)
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
-                                  tuple(snaps))
+                                  tuple(snaps), epoch=self.lease.epoch)
         files = meta.files(url)
         self.registry.register(url, files)  # so a declined checkpoint's files get cleaned
         try:
@@ -254,8 +256,7 @@ class CheckpointCoordinator:
             if newest > n:  # completed checkpoints only ever rise
                 raise CheckpointDeclinedError(f"checkpoint {n} subsumed: checkpoint {newest} "
                                               f"completed first")
-            text = meta.to_json().encode()
-            self.storage.write_file(url, text)
+            size = self.metadata.write(url, meta)
         except BaseException as e:  # noqa: BLE001
             self.declined += 1
             self.registry.release(url)
@@ -263,7 +264,7 @@ class CheckpointCoordinator:
             log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
-        cc = CompletedCheckpoint(n, url, meta, files, len(text))
+        cc = CompletedCheckpoint(n, url, meta, files, size)
         claim_checkpoint_dirs(self.registry, self.job_path, snaps)
         with self._lock:
             self._retained.append(cc)

@@ -139,6 +139,13 @@ class JobLease:
     # ------------------------------------------------------------------ holding
 
     @property
+    def epoch(self) -> int:
+        """This holder's incarnation epoch; :class:`JobLeaseError` before it took the job."""
+        if self.incarnation is None:
+            raise JobLeaseError(f"job {self.job_path}: this driver never took the job")
+        return self.incarnation.epoch
+
+    @property
     def held(self) -> bool:
         """This driver holds the job now (acquired, not released, abandoned or fenced)."""
         return self._active

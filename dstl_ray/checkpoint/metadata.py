@@ -71,12 +71,15 @@ class CheckpointMetadata:
     max_parallelism: int
     snapshots: tuple[KeyedStateSnapshot, ...]
     timestamp: float = field(default_factory=time.time)
+    # the writer's incarnation epoch (checkpoint/lease.py; 0: unknown, an older version's):
+    # a file of an older epoch at a checkpoint's path is another incarnation's late write
+    epoch: int = 0
 
     def to_json(self) -> str:
         return json.dumps({"type": "dstl-checkpoint", "version": METADATA_VERSION,
                            "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
                            "max_parallelism": self.max_parallelism,
-                           "timestamp": self.timestamp,
+                           "timestamp": self.timestamp, "epoch": self.epoch,
                            "snapshots": [s.to_dict() for s in self.snapshots]},
                           separators=(",", ":"), sort_keys=True)
 
@@ -104,7 +107,7 @@ class CheckpointMetadata:
             raise HandleError("snapshots must be a list")
         return cls(job, cid, kind, maxp,
                    tuple(KeyedStateSnapshot.from_dict(s, base) for s in snaps),
-                   parse_timestamp(ts))
+                   parse_timestamp(ts), non_negative_int("epoch", d.get("epoch", 0)))
 
     def files(self, metadata_url: str) -> dict[str, str]:
         """File name -> URL of every state file this checkpoint references."""

@@ -19,9 +19,9 @@ TEST_SECRET = "testing-secret"
 REGION = "us-east-1"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -30,15 +30,17 @@ class LoopbackS3:
     the same server in a child process (``python -m moto.server``), so that its request
     handling does not share this process's GIL with the clients being measured."""
 
-    def __init__(self, bucket: str | None = None, process: bool = False) -> None:
+    def __init__(self, bucket: str | None = None, process: bool = False,
+                 host: str = "127.0.0.1") -> None:
         self.bucket = bucket or f"dstl-{uuid.uuid4().hex[:8]}"
+        self.host = host  # another local address: hosts of a HostCluster reach its bridge's
         self.port = 0
         self.process = process
         self._server: Any = None
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> LoopbackS3:
         import logging
@@ -46,19 +48,19 @@ class LoopbackS3:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-        self.port = free_port()
+        self.port = free_port(self.host)
         if self.process:
             import subprocess
             import sys
             import time
 
             self._server = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                    socket.create_connection((self.host, self.port), timeout=1).close()
                     break
                 except OSError:
                     if time.monotonic() > deadline or self._server.poll() is not None:
@@ -66,7 +68,7 @@ class LoopbackS3:
                         raise RuntimeError("moto server did not start") from None
                     time.sleep(0.1)
         else:
-            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port,
+            self._server = ThreadedMotoServer(ip_address=self.host, port=self.port,
                                               verbose=False)
             self._server.start()
         self.client().create_bucket(Bucket=self.bucket)

@@ -13,30 +13,22 @@ driver works around its other bug there: ``lease_driver._patch_sleep``).
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import shutil
 import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
 
 import dstl_ray as d
 from dstl_ray.checkpoint.restore import load_retained
 from dstl_ray.storage.registry import get_storage
+from dstl_ray.testing.lease_process import DriverProcess, until
 
 FAKETIME = shutil.which("faketime")
 pytestmark = pytest.mark.skipif(
     FAKETIME is None, reason="libfaketime's `faketime` command is missing (Debian package "
     "`faketime`; .ci/run installs it): clock skew cannot be injected")
 
-ROOT = Path(__file__).resolve().parents[2]
-DRIVER = Path(__file__).with_name("lease_driver.py")
 TTL_S = 3.0
 OFFSETS = {"+60s": 60, "-60s": -60, "+10m": 600, "-10m": -600}
 RACERS = ["+60s", "-60s", "+10m"]  # race the first driver while it renews
@@ -44,76 +36,17 @@ TAKER = "+10m"  # takes over once the first stops renewing
 LATE = "-10m"  # races the taker
 
 
-class DriverProcess:
-    """``lease_driver.py`` in its own process, its wall clock ``offset`` off (None: real).
-    Started at once; :meth:`ready` waits for its greeting."""
-
-    def __init__(self, base: str, job: str, tmp_path: Path, offset: str | None = None):
-        cmd = [sys.executable, str(DRIVER), base, job, str(TTL_S)]
-        if offset is not None:
-            cmd = [str(FAKETIME), "--exclude-monotonic", "-f", offset, *cmd]
-        self.name = offset or "real"
-        self.offset = offset
-        self.stderr = tmp_path / f"driver-{self.name}-{time.monotonic_ns()}.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with open(self.stderr, "w") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, text=True, env=env, cwd=ROOT)
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def ready(self) -> DriverProcess:
-        hello = self.answer()
-        # the process runs on a skewed clock (the python under faketime, not only faketime)
-        skew = hello["wall_clock"] - time.time()
-        want = OFFSETS[self.offset] if self.offset is not None else 0
-        assert abs(skew - want) < 5, (self.name, skew)
-        return self
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-
-    def send(self, cmd: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-
-    def answer(self, timeout: float = 60.0) -> dict:
-        try:
-            return json.loads(self._lines.get(timeout=timeout))
-        except queue.Empty:
-            raise AssertionError(f"driver {self.name} did not answer: "
-                                 f"{self.stderr.read_text()[-3000:]}") from None
-
-    def ask(self, cmd: str) -> dict:
-        self.send(cmd)
-        return self.answer()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(10)
-
-
-def _until(pred, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.1)
-
-
 def test_skewed_drivers_never_take_a_live_job_and_a_silent_one_is_fenced(tmp_path):
     base, job = f"file://{tmp_path}/dfs", "skewed"
     # every process starts at once (starting Python is the slow part), then they race
     roles = {"first": None, **{f"racer {o}": o for o in RACERS}, "taker": TAKER,
              "late": LATE}
-    procs = {r: DriverProcess(base, job, tmp_path, o) for r, o in roles.items()}
+    procs = {r: DriverProcess(base, job, TTL_S, tmp_path, r.replace(" ", "-"),
+                              [str(FAKETIME), "--exclude-monotonic", "-f", o] if o else [])
+             for r, o in roles.items()}
     try:
-        for p in procs.values():
-            p.ready()
+        for r, p in procs.items():  # on a skewed clock: the python under faketime
+            p.ready(OFFSETS[roles[r]] if roles[r] else 0)
         first = procs["first"]
         started = first.ask("start")
         assert started["ok"], started
@@ -138,17 +71,17 @@ def test_skewed_drivers_never_take_a_live_job_and_a_silent_one_is_fenced(tmp_pat
         assert took["ok"], took
         assert took["waited_s"] >= TTL_S, took
         taker.ask("run")
-        _until(lambda: taker.ask("status")["done"] >= 3)
+        until(lambda: taker.ask("status")["done"] >= 3)
         # the first wakes up: fenced, it declines every checkpoint and deletes nothing
         os.kill(first.proc.pid, signal.SIGCONT)
-        _until(lambda: first.ask("status")["declined"] >= 2)
+        until(lambda: first.ask("status")["declined"] >= 2)
         st = first.ask("status")
         assert st["fenced"], st
         # one behind by ten minutes races the new holder: refused as well
         got = procs["late"].ask("start")
         assert not got["ok"] and took["holder"] in got["error"], got
         procs["late"].ask("stop")
-        _until(lambda: taker.ask("status")["done"] >= 8)
+        until(lambda: taker.ask("status")["done"] >= 8)
         assert first.ask("stop")["ok"]  # the fenced driver's shutdown deletes nothing either
         final = taker.ask("stop")["checkpointed"]
     finally:

@@ -1,7 +1,9 @@
-"""A driver process for ``test_lease_clock_skew.py``: one CheckpointCoordinator of one job
-(DirectTransport on ``file://``, no Ray), run under libfaketime by the test to give it a wall
-clock minutes off the others'. Commands come one per line on stdin, each answered by one JSON
-line on stdout:
+"""A driver process of one job for the lease tests (``python lease_driver.py BASE JOB TTL``,
+run as a file so that its libfaketime fix comes before dstl_ray is imported; started by
+:class:`~dstl_ray.testing.lease_process.DriverProcess`): one CheckpointCoordinator
+(DirectTransport on ``file://`` or S3, no Ray), run under libfaketime to give it a wall clock
+minutes off the others', or inside a host that gets partitioned. Commands come one per line
+on stdin, each answered by one JSON line on stdout:
 
 * ``start``: take the job (``restore``: the lease, the latest checkpoint, orphan cleanup);
   answers ``ok``, the incarnation and holder, or the :class:`JobLeaseError`, and ``waited_s``.
