@@ -253,7 +253,7 @@ class CheckpointCoordinator:
             self.lease.check()  # a fenced driver never writes metadata
             with self._lock:
                 newest = self._retained[-1].checkpoint_id if self._retained else -1
-            if newest > n:  # completed checkpoints only ever rise
+            if newest >= n:  # completed checkpoints only ever rise
                 raise CheckpointDeclinedError(f"checkpoint {n} subsumed: checkpoint {newest} "
                                               f"completed first")
             size = self.metadata.write(url, meta)
@@ -285,10 +285,10 @@ class CheckpointCoordinator:
         self.incarnation  # noqa: B018 - the job's lease, before anything is written
         with self._lock:
             newest = self._retained[-1].checkpoint_id if self._retained else -1
-            if checkpoint_id <= newest or checkpoint_id in self._pending:
+            if checkpoint_id <= newest or checkpoint_id in self._in_progress:
                 raise CheckpointDeclinedError(
                     f"checkpoint {checkpoint_id} of job {self.job_id}: checkpoint {newest} is "
-                    f"already complete (ids must grow)")
+                    f"already complete, or {checkpoint_id} in progress (ids must grow)")
             self._next_id = max(self._next_id, checkpoint_id + 1)
             self._in_progress.add(checkpoint_id)
         self.registry.checkpoint_started(checkpoint_id)

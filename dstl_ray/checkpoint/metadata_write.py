@@ -12,9 +12,15 @@ files the new driver's orphan cleanup deleted, or the state of a timeline that i
 So metadata is created only if absent (S3 ``If-None-Match: *``, a hard link on a file
 system): a late write that comes after the new driver's fails. One that comes first is found
 by the new driver's create: a file of an older incarnation (its ``epoch``) or of this one
-(an attempt of its own that failed after all) is nobody's retained checkpoint, so it is
-deleted, the lease checked again, and the create retried; a file of a newer incarnation
-means this driver no longer holds the job, and the checkpoint is declined.
+(an attempt of its own that failed after all) is nobody's retained checkpoint, so after a
+lease check it is deleted, and after another the create is retried; a file of a newer
+incarnation means this driver no longer holds the job, and the checkpoint is declined. A
+create that fails but landed (the file holds exactly this metadata) counts as done.
+
+What is left: that delete is by name. A driver that passed its check and then was cut off
+with the delete in flight, while a third one took the job and wrote this id, would delete
+the third one's file when the link comes back (a conditional delete, S3 ``If-Match`` on
+DeleteObject, would close it where the store has one).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import json
 import logging
 from typing import Protocol
 
-from ..errors import CheckpointDeclinedError
+from ..errors import CheckpointDeclinedError, StorageError
 from ..storage.base import Storage
 from .metadata import CheckpointMetadata
 
@@ -50,6 +56,7 @@ class ExclusiveMetadata:
         self.lease = lease
         self._create = getattr(storage, "create_file", None)
         self.replaced = 0  # late writes of other incarnations (or its own) deleted
+        self._warned = False
 
     def write(self, url: str, meta: CheckpointMetadata) -> int:
         """Create ``url`` holding ``meta``; returns its size in bytes. Raises
@@ -57,26 +64,46 @@ class ExclusiveMetadata:
         writes kept coming."""
         data = meta.to_json().encode()
         if self._create is None:  # a storage without atomic create: the last write wins
+            if not self._warned:
+                self._warned = True
+                log.warning("%s: this storage cannot create a file only if absent; a late "
+                            "metadata write of a driver taken over may replace a checkpoint",
+                            url)
             self.storage.write_file(url, data)
             return len(data)
-        mine = self.lease.epoch
-        for _ in range(ATTEMPTS):
-            if self._create(url, data):
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                self.lease.check()  # a driver taken over meanwhile creates nothing
+            if self._created(url, data):
                 return len(data)
             theirs = self._epoch_of(url)
             if theirs is None:
                 continue  # deleted meanwhile: create again
-            if theirs > mine:
+            if theirs > meta.epoch:
                 raise CheckpointDeclinedError(
                     f"{url} was written by incarnation epoch {theirs}, newer than this "
-                    f"driver's ({mine}): another driver holds the job")
+                    f"driver's ({meta.epoch}): another driver holds the job")
             self.lease.check()  # still the job's holder: the file is nobody's checkpoint
             log.warning("%s: a late write of incarnation epoch %d (this one is %d) is in "
-                        "the way; deleted", url, theirs, mine)
+                        "the way; deleted", url, theirs, meta.epoch)
             self.storage.delete(url)
             self.replaced += 1
         raise CheckpointDeclinedError(f"{url}: late writes of other incarnations kept "
                                       f"landing there ({ATTEMPTS} attempts)")
+
+    def _created(self, url: str, data: bytes) -> bool:
+        """One create; a create that failed (a timeout, say) but landed counts as done: the
+        file holds exactly ``data`` (unique: it carries its time)."""
+        assert self._create is not None
+        try:
+            return bool(self._create(url, data))
+        except StorageError:
+            try:
+                if self.storage.exists(url) and self.storage.read_file(url) == data:
+                    return True
+            except StorageError:
+                pass
+            raise
 
     def _epoch_of(self, url: str) -> int | None:
         """The epoch the file at ``url`` names (0: none, or unreadable: not a loadable

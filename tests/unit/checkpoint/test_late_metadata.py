@@ -88,3 +88,63 @@ def test_a_file_of_a_newer_incarnation_declines_the_checkpoint(tmp_path):
         a.trigger_checkpoint().result(timeout=30)
     assert get_storage(url).read_file(url) == b'{"epoch": 99}'  # not deleted
     a.lease.abandon()
+
+
+def test_a_second_completion_of_an_id_in_progress_is_refused_and_the_first_stays(tmp_path):
+    base, job = f"file://{tmp_path}/dfs", "twice"
+    a, ab = _driver(base, job)
+    ab.value_state("v").update("k", 1)
+    snap = ab.snapshot().result(timeout=30)
+    reached, go = _stall_metadata(a)
+    first = threading.Thread(target=a.complete_checkpoint, args=(5, [snap]))
+    first.start()
+    assert reached.wait(30)  # the first completion of 5 is writing its metadata
+    with pytest.raises(CheckpointDeclinedError, match="in progress"):
+        a.complete_checkpoint(5, [ab.snapshot().result(timeout=30)])
+    go.set()
+    first.join(30)
+    assert [c.checkpoint_id for c in a.completed_checkpoints()] == [5]
+    assert get_storage(base).exists(f"{base}/{job}/chk-5/_metadata")
+    a.shutdown()
+
+
+def test_a_create_that_failed_but_landed_counts_as_done(tmp_path):
+    from dstl_ray.errors import StorageError
+
+    base, job = f"file://{tmp_path}/dfs", "landed"
+    a, ab = _driver(base, job)
+    create = a.metadata._create
+
+    def lands_then_times_out(url: str, data: bytes) -> bool:
+        create(url, data)
+        raise StorageError(f"cannot create {url}: timed out")
+
+    a.metadata._create = lands_then_times_out
+    ab.value_state("v").update("k", 7)
+    a.trigger_checkpoint().result(timeout=30)  # not declined
+    a.metadata._create = create
+    a.shutdown()
+    c, cb = _driver(base, job)
+    assert cb.dump()["v"] == {"k": 7}
+    c.shutdown()
+
+
+def test_a_driver_taken_over_after_deleting_a_late_write_creates_nothing(tmp_path):
+    base, job = f"file://{tmp_path}/dfs", "fenced-retry"
+    a, ab = _driver(base, job)
+    ab.value_state("v").update("k", 1)
+    a.trigger_checkpoint().result(timeout=30)
+    url = f"{base}/{job}/chk-2/_metadata"
+    get_storage(url).write_file(url, b'{"epoch": 0}')  # an older incarnation's late write
+    delete = a.storage.delete
+
+    def deleted_then_taken_over(u: str) -> None:
+        delete(u)
+        a.lease._fence("taken over (test)")
+
+    a.metadata.storage = type("S", (), {"delete": staticmethod(deleted_then_taken_over),
+                                        "exists": a.storage.exists,
+                                        "read_file": a.storage.read_file})()
+    with pytest.raises(CheckpointDeclinedError):
+        a.trigger_checkpoint().result(timeout=30)
+    assert not get_storage(url).exists(url)  # deleted, and nothing created after the fence
