@@ -171,15 +171,16 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
 
     src, out_dir = base / "input", base / "output"
     out_dir.mkdir(parents=True)
-    cluster = None
+    cluster, hosts = None, 1
     if args.ray_address:  # --hosts N: a Ray node on every host, this driver on the first
-        say(f"[demo] joining the Ray cluster of {args.hosts} hosts at {args.ray_address}; "
-            f"data under {base}")
         ray.init(address=args.ray_address, namespace=NS, log_to_driver=False)
+        hosts = sum(n["Alive"] for n in ray.nodes())
+        say(f"[demo] joined the Ray cluster of {hosts} hosts at {args.ray_address}; "
+            f"data under {base}")
     else:
         say(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}")
         cluster = start_local_cluster(3, 1, NS)
-    executors = args.hosts or 3  # one per Ray node    spark = None
+    executors = hosts if args.ray_address else 3  # one per Ray node    spark = None
     stop = threading.Event()
     try:
         tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS, persist_delay_s=0.2),
@@ -302,7 +303,7 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
             "task_retries": sum(s.retries for s in h), "backend_restores": sum(s.restores
                                                                                for s in h),
             "killed": list(killed) if killed else None,
-            "hosts": args.hosts or 1, "executor_hosts": executor_hosts(spark),
+            "hosts": hosts, "executor_hosts": executor_hosts(spark),
             "recovery_s": round(recovery_s, 2) if recovery_s is not None else None,
             **recovery_latency(list(h), fail_at, args.window),
             "state_matches_recomputation": not problems,
