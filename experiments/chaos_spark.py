@@ -29,7 +29,7 @@ still on storage that no retained checkpoint names, before the final cleanup
 (``segment_files_unnamed``), and what the nodes released (``dead_writers``).
 
 With ``--hosts N`` (as root) the cluster is N hosts, network namespaces with IPs of their own
-(``dstl_ray.testing.hosts``), a Ray node and a RayDP executor on each, the driver in the first:
+(``dstl_ray.local.hosts``), a Ray node and a RayDP executor on each, the driver in the first:
 Spark's driver reaches its executors, and the tree its nodes, between hosts, and every round
 also cuts a host with an executor off from the driver for 5-9 s (``host_partition``: its
 link down, healed while the round runs). Results: ``chaos_spark_hosts``.
@@ -115,7 +115,7 @@ def main() -> None:
     p.add_argument("--ray-address", default="", help=argparse.SUPPRESS)  # a host's driver
     args = p.parse_args()
     if args.hosts and not args.ray_address:  # the cluster's owner; the driver runs inside
-        from dstl_ray.testing.hosts import rerun_on_hosts
+        from dstl_ray.local.hosts import rerun_on_hosts
 
         raise SystemExit(rerun_on_hosts(args.hosts, [sys.executable, "-m", __spec__.name]))
     rounds = args.rounds or (3 if args.quick else 12)
@@ -125,9 +125,9 @@ def main() -> None:
     from pyspark import cloudpickle
 
     from dstl_ray import ChangelogConfig, deploy
+    from dstl_ray.local.hosts import HostLinks
     from dstl_ray.storage.registry import get_storage
     from dstl_ray.testing import start_local_cluster
-    from dstl_ray.testing.hosts import HostLinks
     from spark_glue import KeyedStatefulOperator, start_spark, stop_spark
     from spark_glue.pipeline import (
         SCHEMA,

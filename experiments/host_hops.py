@@ -2,7 +2,7 @@
 costs as a Ray actor call, and over a TCP lane (the Unix lane's protocol on a TCP socket:
 the hello and token first, then frames of the lane codec, ``dstl_ray.transport.lane_codec``,
 never pickle), between two network namespaces with their own IPs on a bridge
-(``dstl_ray.testing.hosts``).
+(``dstl_ray.local.hosts``).
 
 The calls are the ones a lane carries: a writer's ``mark`` (a few hundred bytes), a writer's
 ``persist_many`` (one request of 16 KiB: a subtask's changes between checkpoints) and a
@@ -222,7 +222,7 @@ def main() -> None:
     if args.driver:
         print("RESULT " + json.dumps(drive(args.driver, calls)), flush=True)
         return
-    from dstl_ray.testing.hosts import HostCluster, unavailable
+    from dstl_ray.local.hosts import HostCluster, unavailable
 
     reason = unavailable()
     if reason:

@@ -1,6 +1,6 @@
 """The tree on several hosts under the faults only hosts have (issue 31): HOSTS network
 namespaces on a bridge, each with its own IP and a Ray node started by ``ray start`` in a
-token-authenticated cluster (``dstl_ray.testing.hosts``); a driver on the first host
+token-authenticated cluster (``dstl_ray.local.hosts``); a driver on the first host
 (``experiments.multihost_driver``) runs the chaos job spread over every host and another job
 on its own host, checkpointing all along, while this process, outside the namespaces:
 
@@ -156,7 +156,7 @@ def main() -> None:
     p.add_argument("--losses", type=int, default=10)
     p.add_argument("--seed", type=int, default=31)
     args = p.parse_args()
-    from dstl_ray.testing.hosts import HostCluster, unavailable
+    from dstl_ray.local.hosts import HostCluster, unavailable
 
     reason = unavailable()
     if reason:

@@ -148,7 +148,7 @@ def _plot(history: list[Any], t0: float, fail_at: float | None, out: Path) -> No
 def run_pipeline_demo(args: argparse.Namespace) -> int:
     pyplot("dstl-ray demo (the latency plot)")  # before minutes of work, not after
     if args.hosts and not args.ray_address:  # the hosts' owner; the demo runs in the first
-        from dstl_ray.testing.hosts import rerun_on_hosts
+        from dstl_ray.local.hosts import rerun_on_hosts
 
         return rerun_on_hosts(args.hosts, [sys.executable, "-m", "dstl_ray.cli.main"])
     base = Path(os.path.abspath(args.base_path or "demo-data"))

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from background import BackgroundRuns, Finished, Run  # tests/background.py
 
+from dstl_ray.local.hosts import unavailable as hosts_unavailable
 from dstl_ray.testing import start_local_cluster, stop_local_cluster
-from dstl_ray.testing.hosts import unavailable as hosts_unavailable
 
 N_NODES = int(os.environ.get("DSTL_TEST_NODES", "5"))
 # Ray's worker processes (node actors, tasks, Spark's executors) inherit this from the raylets

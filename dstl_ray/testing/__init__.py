@@ -4,10 +4,10 @@ their own jobs; not part of the runtime API (``dstl_ray.__all__``).
 - :mod:`~dstl_ray.testing.faults`: fault and latency injection into a storage (``FaultyStorage``,
   configured by the ``fault_spec`` option, so node actors inject the same faults).
 - :mod:`~dstl_ray.testing.s3server`: a real S3 server on loopback (moto), needs ``moto[server]``.
-- :mod:`~dstl_ray.testing.hosts`: several hosts on this machine (``HostCluster``: network
-  namespaces with their own IPs, ``ray start`` in each; needs root and ``ip``).
-- ``local_cluster``: several Ray nodes on this machine (:mod:`dstl_ray.local`, a runtime module
-  since the demo uses it; re-exported here).
+- ``local_cluster``: several Ray nodes on this machine, and ``HostCluster``: several hosts on
+  it (network namespaces with their own IPs, ``ray start`` in each; needs root and ``ip``):
+  :mod:`dstl_ray.local` and :mod:`dstl_ray.local.hosts`, runtime modules since the demo uses
+  them (``dstl-ray demo --hosts N``); re-exported here.
 - :mod:`~dstl_ray.testing.storage_suite`: the conformance suite every
   :class:`~dstl_ray.storage.base.Storage` binds (needs pytest; import it explicitly).
 
@@ -19,6 +19,7 @@ boto3 nor pytest, so that stays cheap.
 """
 
 from ..local import local_cluster, start_local_cluster, stop_local_cluster
+from ..local.hosts import HostCluster
 from .faults import (
     FLIP158_QUANTILES_MS,
     KINDS,
@@ -27,7 +28,6 @@ from .faults import (
     InjectedFault,
     LatencyDistribution,
 )
-from .hosts import HostCluster
 from .s3server import LoopbackS3
 
 __all__ = [

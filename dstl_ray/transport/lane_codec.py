@@ -43,7 +43,7 @@ def machine_id() -> str:
     """Names this machine (host name, boot id and network namespace): a Unix lane is used
     only between processes that share it, where a Unix socket path means the same socket.
     Processes in different network namespaces are hosts of their own to each other (each its
-    own IP, as containers or the test clusters of ``dstl_ray.testing.hosts``): they talk over
+    own IP, as containers or the test clusters of ``dstl_ray.local.hosts``): they talk over
     the network, by host lane or Ray, even where a shared file system would let a Unix
     socket through."""
     try:

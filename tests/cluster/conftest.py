@@ -1,4 +1,4 @@
-"""The host cluster the multi-host tests share (dstl_ray.testing.hosts): three network
+"""The host cluster the multi-host tests share (dstl_ray.local.hosts): three network
 namespaces on a bridge, each a Ray node started by ``ray start`` in a token-authenticated
 cluster, made once per session (three ``ray start`` take ~20 s on two cores) and checked to
 leave nothing behind."""
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dstl_ray.testing.hosts import HostCluster
+from dstl_ray.local.hosts import HostCluster
 
 from .hosts_util import leftovers
 

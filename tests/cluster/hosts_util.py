@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from dstl_ray.testing.hosts import PREFIX, unavailable
+from dstl_ray.local.hosts import PREFIX, unavailable
 
 needs_hosts = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 

@@ -1,5 +1,5 @@
 """The tree on several hosts (issue 31 item 1): three network namespaces on a bridge, each
-with its own IP and a Ray node started by ``ray start`` (dstl_ray.testing.hosts). A driver
+with its own IP and a Ray node started by ``ray start`` (dstl_ray.local.hosts). A driver
 on the first host deploys a tree; a writer on every host persists through the node actor of
 its own host, and reads its changes back; afterwards nothing of the hosts is left (no
 namespace, link or process: the session's ``hosts`` fixture, tests/cluster/conftest.py)."""

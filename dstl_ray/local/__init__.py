@@ -1,7 +1,8 @@
 """A Ray cluster of several nodes on this machine (``ray.cluster_utils.Cluster``), for the demo
 (``dstl-ray demo``), tests and experiments: the aggregation tree places one node actor per Ray
 node, so a tree needs several Ray nodes, and this is how one machine gets them. A runtime
-module, since the demo is a runtime command; ``dstl_ray.testing`` re-exports it.
+module, since the demo is a runtime command; ``dstl_ray.testing`` re-exports it. Several
+*hosts* on this machine, each with an IP of its own: :mod:`dstl_ray.local.hosts`.
 
 >>> with local_cluster(3, namespace="demo") as cluster:    # doctest: +SKIP
 ...     tree = dstl_ray.deploy("file:///tmp/dstl")
