@@ -35,6 +35,29 @@ class Upload:
     last_checkpoint: int = -1  # newest checkpoint whose handle included it
 
 
+class InFlight:
+    """A writer's uploads not finished yet. It includes those whose changesets were
+    truncated while they uploaded: no sqn names them any more, yet they land (a declined
+    checkpoint's late handle may name one), so closing the writer waits for them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uploads: set[Upload] = set()
+
+    def add(self, up: Upload) -> None:
+        with self._lock:
+            self._uploads.add(up)
+        up.future.add_done_callback(lambda _f: self._landed(up))
+
+    def _landed(self, up: Upload) -> None:
+        with self._lock:
+            self._uploads.discard(up)
+
+    def futures(self) -> list[concurrent.futures.Future]:
+        with self._lock:
+            return [u.future for u in self._uploads]
+
+
 def combine_uploads(result: concurrent.futures.Future, uploads: list[Upload], job_path: str,
                     log_id: str, key_group_range: KeyGroupRange, after: int,
                     sqn_to: int) -> None:

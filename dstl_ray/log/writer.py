@@ -29,7 +29,7 @@ from ..merging.segments import SEGMENTS_DIR
 from ..observability import tracing
 from ..transport.base import PersistRequest, Transport
 from .handle import StateChangelogHandle
-from .uploads import Upload, after_both, combine_uploads
+from .uploads import InFlight, Upload, after_both, combine_uploads
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class StateChangelogWriter:
         self._changesets: dict[int, Changeset] = {}
         self._sizes: dict[int, int] = {}
         self._uploads: dict[int, Upload] = {}  # sqn -> upload holding that changeset
+        self._in_flight = InFlight()  # also those no sqn names any more (truncated)
         self._closed = False
         self.preemptive_uploads = 0
         transport.register(self.log_id)
@@ -142,6 +143,7 @@ class StateChangelogWriter:
         up = Upload(tuple(sqns), len(section.data), preemptive)
         for s in sqns:
             self._uploads[s] = up
+        self._in_flight.add(up)
         self._unsent_bytes = 0
         try:
             fut = self._transport.send(PersistRequest(self._job_id, section, self.log_id, trace,
@@ -363,10 +365,8 @@ class StateChangelogWriter:
     # ------------------------------------------------------------------ introspection
 
     def wait_uploads(self, timeout: float | None = None) -> None:
-        """Block until every upload started so far (pre-emptive ones included) finished."""
-        with self._lock:
-            futures = {id(u): u.future for u in self._uploads.values()}.values()
-        concurrent.futures.wait(list(futures), timeout=timeout)
+        """Block until every upload started so far finished (truncated, pre-emptive too)."""
+        concurrent.futures.wait(self._in_flight.futures(), timeout=timeout)
 
     @property
     def closed(self) -> bool:

@@ -211,7 +211,7 @@ class ChangelogKeyedStateBackend:
                                            if checkpoint_id >= 0 else UNKNOWN_USE)
             pf = self._writer.persist_durably(after=after, checkpoint_id=checkpoint_id)
         owned = self.owned_dir
-        out: concurrent.futures.Future[KeyedStateSnapshot] = concurrent.futures.Future()
+        out: concurrent.futures.Future[KeyedStateSnapshot] = self._files.expect()
 
         def done(f: concurrent.futures.Future) -> None:
             try:
@@ -398,13 +398,14 @@ class ChangelogKeyedStateBackend:
             concurrent.futures.wait([f], timeout=60)
         with self._lock:
             self._closed = True
+        deadline = time.monotonic() + 60
         try:
             self._writer.release_adopted(self._restored_named)
-            self._writer.wait_uploads(timeout=60)
+            self._writer.wait_uploads(timeout=60)  # late ones too (their changes truncated)
             self._writer.close()
         except DstlError as e:
             log.warning("closing writer of %s: %s", self.operator_id, e)
-        self._files.close()  # unpins (the registry deletes what is unused), closes merging
+        self._files.close(max(0.0, deadline - time.monotonic()))  # see SnapshotFiles.close
         self._table.close()  # a rocksdb table deletes its working directory
         # what closing freed (unused uploads, unpinned and unused files) is gone on return
         if not self._deleter.flush(timeout=60):

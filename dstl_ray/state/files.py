@@ -94,6 +94,10 @@ class SnapshotFiles:
         self._registry: SharedStateRegistry | None = None
         self._owner = uuid.uuid4().hex
         self._compacting = False
+        self._snapshots: set[concurrent.futures.Future] = set()  # not tracked yet
+        # files given to the registry (:meth:`track`) while those snapshots are in flight:
+        # two late handles of one upload hand its file over once (one delete)
+        self._handed: set[str] = set()
         # SST files of the rocksdb table uploaded so far (incremental materialization)
         self.ssts = SstUploads(storage, job_path, job_id, deleter)
         self.last_upload_bytes = 0  # by the last materialization
@@ -194,16 +198,41 @@ class SnapshotFiles:
 
     def track(self, handle: Any) -> None:
         """The changelog files of a persisted changelog handle may be named from now on
-        (takes the lock)."""
+        (takes the lock). A file whose changes are all truncated already (a declined
+        checkpoint's late snapshot: a materialization ended while it uploaded), or that
+        comes after the backend closed, is never pinned: the registry considers it at once,
+        or nothing would ever delete it (its node or transport left it to the registry,
+        since it went out in a handle)."""
         with self._lock:
-            if self._is_closed():
-                return
-            for seg in handle.segments:
-                url = join(handle.job_path, seg.path)
-                name = file_name(url)
-                old = self.segment_files.get(name)
-                self.segment_files[name] = (url, max(seg.sqn_max, old[1] if old else 0))
-            self.repin()
+            files = {file_name(u): u for u in handle.file_paths()}
+            if not self._is_closed():
+                for seg in handle.segments:
+                    url = join(handle.job_path, seg.path)
+                    name = file_name(url)
+                    old = self.segment_files.get(name)
+                    self.segment_files[name] = (url, max(seg.sqn_max, old[1] if old else 0))
+                self.repin()  # drops the files wholly before the materialized sqn
+                files = {n: u for n, u in files.items() if n not in self.segment_files}
+            files = {n: u for n, u in files.items() if n not in self._handed}
+            if files and self._registry is not None:
+                self._handed.update(files)
+                self._registry.consider(files)
+
+    def expect(self) -> concurrent.futures.Future:
+        """A new snapshot's future: it resolves once its handle went to :meth:`track`, and
+        :meth:`close` waits for it, so a late one's files reach the registry before the
+        backend is gone (after the job's shutdown nobody would delete them)."""
+        snapshot: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._snapshots.add(snapshot)
+        snapshot.add_done_callback(self._snapshot_done)
+        return snapshot
+
+    def _snapshot_done(self, snapshot: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._snapshots.discard(snapshot)
+            if not self._snapshots:  # every handle that could name them is tracked
+                self._handed.clear()
 
     # ------------------------------------------------------------------ file merging
 
@@ -279,9 +308,13 @@ class SnapshotFiles:
 
     # ------------------------------------------------------------------ shutdown
 
-    def close(self) -> None:
-        """Unpin every file (the registry deletes those no checkpoint includes) and close
-        the merged files."""
+    def close(self, timeout: float = 60.0) -> None:
+        """Wait (up to ``timeout`` seconds) for the snapshots still uploading (late ones'
+        files go to the registry), then unpin every file (the registry deletes those no
+        checkpoint includes) and close the merged files."""
+        with self._lock:
+            snapshots = list(self._snapshots)
+        concurrent.futures.wait(snapshots, timeout=timeout)
         if self._registry is not None:
             self._registry.unpin_all(self._owner)
         if self._merging is not None:

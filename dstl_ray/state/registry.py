@@ -157,6 +157,23 @@ class SharedStateRegistry:
     def unpin_all(self, owner: str) -> None:
         self.set_pins(owner, {})
 
+    def consider(self, files: Mapping[str, str]) -> None:
+        """``files`` (name -> URL) were given out in a handle that its backend will never
+        name again, and perhaps nobody else does: a declined checkpoint's late snapshot,
+        whose changes a materialization truncated before its upload landed (or that landed
+        after the backend closed). Such a file was never pinned, so no unpin makes it a
+        candidate; this does, as if it had been pinned and unpinned just now. The usual
+        rules keep it while a checkpoint references it, a backend pins it, it is protected
+        or claimed, or a checkpoint pending now is still pending (its handles may name it)."""
+        with self._lock:
+            for url in files.values():
+                name = file_key(url)
+                if name in self._refs or self._pinned(name) or name in self._protected:
+                    continue  # known and kept: whatever drops its last use decides
+                self._urls.setdefault(name, url)
+                self._maybe_candidate(name)
+        self.collect()
+
     def protect(self, urls: Mapping[str, str] | Iterable[str]) -> None:
         """Never delete the files at ``urls`` (a mapping name -> URL, or URLs): files this
         job does not own, e.g. of a NO_CLAIM restore. Files of the same names elsewhere (the

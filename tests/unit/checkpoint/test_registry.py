@@ -20,6 +20,7 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("release"), st.integers(0, 5)),
     st.tuples(st.just("pin"), st.tuples(st.sampled_from("ab"),
                                         st.sets(st.sampled_from(NAMES), max_size=3))),
+    st.tuples(st.just("consider"), st.sets(st.sampled_from(NAMES), max_size=3)),
 ), max_size=40)
 
 
@@ -36,8 +37,8 @@ def test_registry_deletes_only_unreferenced(script, protected):
     known: set[str] = set()
     for op, arg in script:
         gone = {u.rsplit("/", 1)[-1] for u in deleted}
-        if op in ("register", "pin"):  # a deleted file name never comes back (unique names)
-            arg = arg - gone if op == "register" else (arg[0], arg[1] - gone)
+        if op in ("register", "pin", "consider"):  # a deleted name never comes back
+            arg = (arg[0], arg[1] - gone) if op == "pin" else arg - gone
         if op == "start":
             cid = len(started) + 1
             started.append(cid)
@@ -62,6 +63,9 @@ def test_registry_deletes_only_unreferenced(script, protected):
             pins[owner] = set(names)
             known |= set(names)
             reg.set_pins(owner, {n: f"memory://x/{n}" for n in names})
+        elif op == "consider":  # a late handle's files its backend never pinned
+            known |= arg
+            reg.consider({n: f"memory://x/{n}" for n in arg})
         live = set().union(*refs.values(), *pins.values())
         gone = {u.rsplit("/", 1)[-1] for u in deleted}
         assert not gone & live, "deleted a referenced file"
@@ -152,3 +156,46 @@ def test_two_checkpoints_of_one_id_hold_their_references_apart():
     reg.release("file:///dfs//other/chk-2/_metadata/")  # one checkpoint, any spelling
     assert sorted(deleted) == ["file:///dfs/job/mat/a", "file:///dfs/other/mat/b",
                                "file:///dfs/shared/s"]
+
+
+def test_considered_file_waits_for_the_checkpoints_pending_then():
+    """A late handle's file (never pinned) is considered while checkpoint 2 is pending: 2
+    may name it (its snapshot reused the same upload), so it stays until 2 is over, and
+    lives while 2 is retained if 2 registers it. A checkpoint started after the file was
+    considered (3) does not hold it up: no snapshot started then can name it."""
+    late = {"u.dstl": "memory://x/job/dstl/u.dstl"}
+    for registered in (True, False):
+        deleted: list[str] = []
+        reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
+        reg.checkpoint_started(1)
+        reg.checkpoint_started(2)
+        reg.release(1)  # declined
+        reg.consider(late)
+        reg.checkpoint_started(3)
+        assert deleted == []
+        if registered:  # 2 completes naming it
+            reg.register(2, late)
+            reg.checkpoint_finished(2)
+            assert deleted == []
+            reg.checkpoint_finished(3)
+            assert deleted == []  # retained checkpoint 2 references it
+            reg.release(2)  # subsumed
+        else:  # 2 is declined before its snapshot came in; 3 is still pending
+            reg.release(2)
+        assert deleted == ["memory://x/job/dstl/u.dstl"]
+
+
+def test_considered_file_kept_while_pinned_referenced_or_protected():
+    """Considering a file changes nothing while a backend pins it, a checkpoint references
+    it or it is protected: it goes when the last use drops, as any other."""
+    deleted: list[str] = []
+    reg = SharedStateRegistry(delete=deleted.append, deleter=Deleter(workers=0))
+    a, b, c = (f"memory://x/job/dstl/{n}.dstl" for n in "abc")
+    reg.set_pins("backend", {"a": a})
+    reg.register("memory://x/job/chk-1/_metadata", {"b": b})
+    reg.protect([c])
+    reg.consider({"a": a, "b": b, "c": c})
+    assert deleted == []
+    reg.unpin_all("backend")
+    reg.release("memory://x/job/chk-1/_metadata")
+    assert sorted(deleted) == [a, b]  # never the protected one

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import uuid
 
 import pytest
@@ -195,6 +196,45 @@ def test_close_discards_unused_uploads_but_keeps_used_ones():
     assert len(st.list_files(t.job_path)) == 2
     w.close()
     assert st.list_files(t.job_path) == h.file_paths()
+
+
+class _HeldTransport(DirectTransport):
+    """Writes each request only once ``gate`` is set (a slow upload)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+
+    def send(self, request):
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def later() -> None:
+            self.gate.wait(30)
+            try:
+                out.set_result(DirectTransport.send(self, request).result(30))
+            except BaseException as e:  # noqa: BLE001 - the writer learns it
+                out.set_exception(e)
+
+        threading.Thread(target=later, daemon=True).start()
+        return out
+
+
+def test_wait_uploads_waits_for_one_truncated_while_in_flight():
+    """An upload whose changes were truncated while it was in flight is in no upload list
+    any more, yet it lands later (and then is released, or its handle comes in late):
+    ``wait_uploads`` (a backend's close) waits for it, so nothing lands after a close."""
+    t, c = make(ChangelogConfig(preemptive_persist_threshold=500), _HeldTransport)
+    st = get_storage(t.base_path)
+    w = c.create_writer("op", KeyGroupRange(0, 0))
+    w.append(0, b"x" * 600)  # a pre-emptive upload, held
+    assert w.preemptive_uploads == 1
+    w.truncate(before=w.last_appended_sqn())  # materialized while it uploads
+    threading.Timer(0.2, t.gate.set).start()
+    w.wait_uploads(10)
+    assert t.gate.is_set()
+    w.close()
+    assert t.flush_releases(10)
+    assert st.list_files(t.job_path) == []  # landed, then deleted as unused
 
 
 def test_writers_are_isolated():
