@@ -23,6 +23,17 @@ from .base import PersistRequest, check_job_id
 log = logging.getLogger(__name__)
 
 
+DIRECT_PREFIX = "direct-"  # the flushed_by of its segments: direct-<pid>
+
+
+def sole_section(segment: Segment) -> bool:
+    """Whether ``segment``'s file holds that one section alone: a file :class:`DirectTransport`
+    wrote (one file per request). A node actor's file holds the sections of many logs, and
+    may hold two of one (a pre-emptive upload and a checkpoint's), which handles not made
+    yet may name."""
+    return segment.flushed_by.startswith(DIRECT_PREFIX)
+
+
 class DirectTransport:
     """No tree: every persist request becomes its own file, written from this process.
 
@@ -42,7 +53,7 @@ class DirectTransport:
         self.uploader = Uploader(self.storage, self.config)
         self._deleter = background_deleter()  # release runs under a backend's lock
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4)
-        self.node_key = f"direct-{os.getpid()}"
+        self.node_key = f"{DIRECT_PREFIX}{os.getpid()}"
         self.files = UploadRegistry()  # one file per request: its one section
 
     def register(self, log_id: str) -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import uuid
 
 import pytest
 
 import dstl_ray as d
 from dstl_ray.storage.deleter import flush_deletes
 
-from ..ckpt_util import MAXP, client, dump_all, files, new_base, referenced
+from ..ckpt_util import MAXP, client, dump_all, files, new_base, owner, referenced
 
 
 class HeldTransport(d.DirectTransport):
@@ -138,3 +139,71 @@ def test_late_upload_a_later_checkpoint_names_is_kept():
     assert files(base) == referenced(coord)
     assert late <= referenced(coord)
     assert _recovered_state(base) == {"v": {"k": 1}, "l": {}, "m": {}}
+
+
+class NodeLikeTransport(d.DirectTransport):
+    """Writes the requests sent while ``hold`` is set into ONE file on :meth:`flush`, as a
+    node actor batches many logs' sections (and two of one log) into a file."""
+
+    def __init__(self, job_id: str, base_path: str) -> None:
+        super().__init__(job_id, base_path)
+        self.hold = False
+        self.held: list[tuple] = []
+
+    def send(self, request):
+        if not self.hold:
+            return super().send(request)
+        out: concurrent.futures.Future = concurrent.futures.Future()
+        self.held.append((request, out))
+        return out
+
+    def flush(self) -> str:
+        from dstl_ray.format.changelog import FILE_SUFFIX, assemble_file
+        from dstl_ray.format.segment import Segment
+        from dstl_ray.storage.base import join
+
+        held, self.held = self.held, []
+        data, offsets = assemble_file([r.section for r, _ in held])
+        rel = f"dstl/node-x/{uuid.uuid4().hex}{FILE_SUFFIX}"
+        self.uploader.write(join(self.job_path, rel), data)
+        self.files.track(rel, [(r.log_id, o) for (r, _), o in zip(held, offsets, strict=True)])
+        for (r, fut), o in zip(held, offsets, strict=True):
+            s = r.section
+            fut.set_result(Segment(rel, o, len(s.data), s.sqn_min, s.sqn_max, "node-x"))
+        return rel
+
+
+@pytest.mark.parametrize("backends", [1, 2])
+def test_a_late_snapshots_node_file_holding_other_sections_is_kept(backends):
+    """A node's file holds the late (truncated) section and one nobody named yet: the same
+    backend's pre-emptive upload, or another backend's checkpoint section. The next
+    checkpoint names it, and it must restore."""
+    base = new_base()
+    coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=1)
+    t = NodeLikeTransport("job", base)
+    bs = coord.restore(client("job", base, t), "op", backends, materialization_interval=None)
+    a, b = bs[0], bs[-1]
+    ka = next(f"k{i}" for i in range(64) if owner(bs, f"k{i}") is a)
+    kb = next(f"k{i}" for i in range(64) if owner(bs, f"k{i}") is b and f"k{i}" != ka)
+    t.hold = True
+    a.value_state("v").update(ka, 1)
+    if backends == 2:
+        b.value_state("v").update(kb, 10)
+    pc = coord.trigger_checkpoint()
+    pc.abort.set_result(d.CheckpointDeclinedError("declined (test)"))
+    with pytest.raises(d.CheckpointDeclinedError):
+        pc.result()
+    a.materialize().result(30)  # a's section of checkpoint 1 truncated while in flight
+    if backends == 1:
+        a.value_state("v").update(ka, 2)
+        a.writer._preemptive_persist()  # into the same node file
+    t.flush()
+    t.hold = False
+    flush_deletes(10)
+    coord.trigger_checkpoint().result(timeout=30)
+    want = dump_all(bs)
+    coord.shutdown()
+    coord = d.CheckpointCoordinator("job", base, max_parallelism=MAXP, retained=1)
+    bs = coord.restore(client("job", base), "op", backends, materialization_interval=None)
+    assert dump_all(bs) == want
+    coord.shutdown()
