@@ -120,12 +120,12 @@ class Reshapes:
         return sid
 
     def _retype(self, sid: int, name: str, schema: str) -> None:
+        old = self._names.schemas[sid]
+        if old == schema:  # (every state access of a typed state: first, before imports)
+            return
         from .schema import check_evolution, parse_schema, resolver
         from .typed import serializer_for
 
-        old = self._names.schemas[sid]
-        if old == schema:
-            return
         if old is not None:
             check_evolution(name, old, schema)
         old_ser = self._names.serializer(sid, self._untyped)
