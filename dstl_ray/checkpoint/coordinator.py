@@ -271,7 +271,7 @@ class CheckpointCoordinator:
             subsumed = self._retained[:-self.retained_count]
             self._retained = self._retained[-self.retained_count:]
             older = [p for m, p in self._pending.items() if m < n]
-        self.registry.checkpoint_finished(n)
+        self.registry.checkpoint_finished(n, completed=True)
         abort_older(older, n)  # Flink: completing n aborts the pending checkpoints before it
         for old in subsumed:
             self._discard(old)
@@ -420,7 +420,7 @@ class CheckpointCoordinator:
             for cc in gone:
                 self._discard(cc)
             self.restore_point.remove()
-        self.registry.flush(timeout)  # what shutting down freed is gone on return
+        self.registry.close(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)
 

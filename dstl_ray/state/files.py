@@ -35,7 +35,6 @@ from ..keygroups import KeyGroupRange
 from ..merging.pool import SubtaskFileManager
 from ..storage.base import Storage, join
 from ..storage.deleter import Deleter
-from ..transport.direct import sole_section
 from .incremental import LocalCheckpoint, SstUploads
 from .records import encode_full
 from .registry import SharedStateRegistry
@@ -205,10 +204,10 @@ class SnapshotFiles:
         or nothing would ever delete it (its node or transport left it to the registry,
         since it went out in a handle)."""
         with self._lock:
-            # (only files of one section: another log's section in a node's file may be
-            # named by a handle not made yet, which no pin or pending checkpoint covers)
-            files = {file_name(u): u for u in (join(handle.job_path, seg.path)
-                                               for seg in handle.segments if sole_section(seg))}
+            # (a node's file may hold sections of other logs that no handle named yet: the
+            # registry keeps it until a checkpoint started later completed, see
+            # state/registry.py shared_changelog_file)
+            files = {file_name(u): u for u in handle.file_paths()}
             if not self._is_closed():
                 for seg in handle.segments:
                     url = join(handle.job_path, seg.path)

@@ -38,6 +38,7 @@ from ..errors import DstlError
 from ..storage.base import normalize_url
 from ..storage.deleter import Deleter, background_deleter
 from ..storage.registry import get_storage
+from ..transport.direct import DIRECT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,15 @@ def file_key(url: str) -> str:
 
 
 CheckpointRef = int | str  # what a checkpoint's references are held under: id or metadata URL
+
+
+def shared_changelog_file(url: str) -> bool:
+    """A node actor's changelog file (``{job}/dstl/<node>/<uuid>.dstl``): it holds the
+    sections of many logs, and may hold two of one. DirectTransport's files
+    (``dstl/direct-<pid>/``) hold one section each."""
+    parts = url.rsplit("/", 3)
+    return (len(parts) == 4 and parts[1] == "dstl" and parts[3].endswith(".dstl")
+            and not parts[2].startswith(DIRECT_PREFIX))
 
 
 def _ref(checkpoint: CheckpointRef) -> CheckpointRef:
@@ -87,6 +97,11 @@ class SharedStateRegistry:
         self._last_started = 0
         # keys (file_key) below; _urls maps a key to the URL to delete
         self._candidates: dict[str, int] = {}  # key -> last started checkpoint when it hit 0
+        # a node actor's changelog file may hold sections no handle named yet (other logs',
+        # a pre-emptive one): such a candidate waits for a checkpoint started after it to
+        # *complete* (it names every section still needed), or for the job's close
+        self._last_completed = -1
+        self._closing = False
         self._protected: set[str] = set()
         self._claims: dict[str, frozenset[str]] = {}  # owner -> directory URL prefixes
         # the most recent deletions (bounded: a long run deletes without end)
@@ -116,10 +131,12 @@ class SharedStateRegistry:
                     self._refs[name] = self._refs.get(name, 0) + 1
                     self._candidates.pop(name, None)
 
-    def checkpoint_finished(self, checkpoint_id: int) -> None:
-        """``checkpoint_id`` completed or was declined: it is no longer pending."""
+    def checkpoint_finished(self, checkpoint_id: int, completed: bool = False) -> None:
+        """``checkpoint_id`` ``completed`` or was declined: it is no longer pending."""
         with self._lock:
             self._pending.discard(checkpoint_id)
+            if completed:
+                self._last_completed = max(self._last_completed, checkpoint_id)
         self.collect()
 
     def release(self, checkpoint: CheckpointRef) -> None:
@@ -274,6 +291,14 @@ class SharedStateRegistry:
         """Wait for the deletes handed over so far (close paths, tests)."""
         return (self._deleter or background_deleter()).flush(timeout)
 
+    def close(self, timeout: float | None = 60.0) -> bool:
+        """The job stops (its backends closed, no checkpoint to come): candidates that wait
+        for a completed checkpoint go now too; then :meth:`flush`."""
+        with self._lock:
+            self._closing = True
+        self.collect()
+        return self.flush(timeout)
+
     def collect(self) -> list[str]:
         """Delete every candidate no pending checkpoint can still name (in the background);
         returns their URLs. ``deleted`` and ``deleted_count`` count a file once its delete
@@ -288,7 +313,9 @@ class SharedStateRegistry:
         with self._lock:
             oldest_pending = min(self._pending) if self._pending else None
             due = [n for n, epoch in self._candidates.items()
-                   if oldest_pending is None or oldest_pending > epoch]
+                   if (oldest_pending is None or oldest_pending > epoch)
+                   and (self._closing or self._last_completed > epoch
+                        or not shared_changelog_file(self._urls[n]))]
             urls = []
             for n in due:
                 del self._candidates[n]

@@ -22,16 +22,9 @@ from .base import PersistRequest, check_job_id
 
 log = logging.getLogger(__name__)
 
-
-DIRECT_PREFIX = "direct-"  # the flushed_by of its segments: direct-<pid>
-
-
-def sole_section(segment: Segment) -> bool:
-    """Whether ``segment``'s file holds that one section alone: a file :class:`DirectTransport`
-    wrote (one file per request). A node actor's file holds the sections of many logs, and
-    may hold two of one (a pre-emptive upload and a checkpoint's), which handles not made
-    yet may name."""
-    return segment.flushed_by.startswith(DIRECT_PREFIX)
+# its files' directory under {job}/dstl/ (and its segments' flushed_by): direct-<pid>; a
+# file there holds one section (state/registry.py shared_changelog_file)
+DIRECT_PREFIX = "direct-"
 
 
 class DirectTransport:
