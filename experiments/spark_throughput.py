@@ -41,6 +41,7 @@ from typing import Any
 
 from .common import machine, parser, plt, summary, write_results
 from .file_watcher import FileWatcher
+from .vs_flink import files_by_kind
 from .vs_spark_state_store import ROCKSDB, _progress, _run_query
 
 NS = "spark-tp"
@@ -164,6 +165,8 @@ def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: in
                       [p["durationMs"]["triggerExecution"] for p in prog],
                       [x.checkpoint_s * 1000 for x in h], len(files.seen), len(prog),
                       restores=sum(x.restores for x in h[1:]),
+                      timing=[(round(x.batch_s, 2), round(x.apply_s, 2), round(x.checkpoint_s, 2), round(x.commit_s, 2), round(x.restore_s, 2)) for x in h],
+                      state_files_per_batch_by_kind=files_by_kind(files.seen, len(prog)),
                       apply_ms_p50=summary([x.apply_s * 1000 for x in h[1:] or h])["p50"])
     finally:
         op.close()

@@ -78,3 +78,27 @@ def until(pred: Callable[[], bool], timeout: float = 30.0) -> None:
     while not pred():
         assert time.monotonic() < end, "timed out"
         time.sleep(0.1)
+
+
+def assert_reads_back(base: str, job: str, state: dict[str, Any]) -> list[Any]:
+    """After drivers raced for ``job``: every retained checkpoint loads and names only files
+    that exist, and the latest restores to ``state`` (the ``v`` values of the one subtask
+    of :mod:`~dstl_ray.testing.lease_driver`). Returns the retained checkpoints."""
+    import dstl_ray as d
+    from dstl_ray.checkpoint.restore import load_retained
+    from dstl_ray.storage.registry import get_storage
+
+    storage = get_storage(base)
+    retained, broken = load_retained(f"{base}/{job}", storage)
+    assert retained and not broken, broken
+    for c in retained:
+        missing = [u for u in c.files.values() if not storage.exists(u)]
+        assert not missing, (c.checkpoint_id, missing)
+    coord = d.CheckpointCoordinator(job, base, max_parallelism=16, retained=1)
+    try:
+        bs = coord.restore(d.StateChangelogClient(job, transport=d.DirectTransport(job, base)),
+                           "op", 1, materialization_interval=None)
+        assert bs[0].dump()["v"] == state
+    finally:
+        coord.shutdown()
+    return retained

@@ -8,10 +8,7 @@ deletes nothing, and none of its late writes replaces B's ``_metadata``
 
 from __future__ import annotations
 
-import dstl_ray as d
-from dstl_ray.checkpoint.restore import load_retained
-from dstl_ray.storage.registry import get_storage
-from dstl_ray.testing.lease_process import DriverProcess, until
+from dstl_ray.testing.lease_process import DriverProcess, assert_reads_back, until
 from dstl_ray.testing.s3server import LoopbackS3
 
 from .hosts_util import needs_hosts
@@ -60,15 +57,5 @@ def test_a_partitioned_driver_holding_the_lease_is_fenced_after_the_heal(
             b.close()
         for k, v in s3.env().items():
             monkeypatch.setenv(k, v)
-        storage = get_storage(base)
-        retained, broken = load_retained(f"{base}/{job}", storage)
-        assert retained and not broken, broken
+        retained = assert_reads_back(base, job, final)
         assert all(c.metadata.epoch == retained[-1].metadata.epoch for c in retained)
-        for c in retained:
-            missing = [u for u in c.files.values() if not storage.exists(u)]
-            assert not missing, (c.checkpoint_id, missing)
-        coord = d.CheckpointCoordinator(job, base, max_parallelism=16, retained=1)
-        bs = coord.restore(d.StateChangelogClient(job, transport=d.DirectTransport(job, base)),
-                           "op", 1, materialization_interval=None)
-        assert bs[0].dump()["v"] == final
-        coord.shutdown()

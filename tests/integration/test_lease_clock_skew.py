@@ -19,10 +19,7 @@ import signal
 
 import pytest
 
-import dstl_ray as d
-from dstl_ray.checkpoint.restore import load_retained
-from dstl_ray.storage.registry import get_storage
-from dstl_ray.testing.lease_process import DriverProcess, until
+from dstl_ray.testing.lease_process import DriverProcess, assert_reads_back, until
 
 FAKETIME = shutil.which("faketime")
 pytestmark = pytest.mark.skipif(
@@ -89,13 +86,4 @@ def test_skewed_drivers_never_take_a_live_job_and_a_silent_one_is_fenced(tmp_pat
             p.close()
     # every retained checkpoint names only files that exist, and the latest holds what the
     # taker checkpointed last
-    retained, broken = load_retained(f"{base}/{job}", get_storage(base))
-    assert retained and not broken, broken
-    for c in retained:
-        missing = [u for u in c.files.values() if not get_storage(u).exists(u)]
-        assert not missing, (c.checkpoint_id, missing)
-    coord = d.CheckpointCoordinator(job, base, max_parallelism=16, retained=1)
-    bs = coord.restore(d.StateChangelogClient(job, transport=d.DirectTransport(job, base)),
-                       "op", 1, materialization_interval=None)
-    assert bs[0].dump()["v"] == final
-    coord.shutdown()
+    assert_reads_back(base, job, final)

@@ -77,13 +77,19 @@ def test_a_late_metadata_write_of_a_driver_taken_over_never_replaces_the_new_one
     c.shutdown()
 
 
-def test_a_file_of_a_newer_incarnation_declines_the_checkpoint(tmp_path):
-    base, job = f"file://{tmp_path}/dfs", "newer"
+def _checkpoint_1_then_in_the_way(tmp_path, job: str, content: bytes):
+    """A driver that completed checkpoint 1, and ``content`` at ``chk-2/_metadata``."""
+    base = f"file://{tmp_path}/dfs"
     a, ab = _driver(base, job)
     ab.value_state("v").update("k", 1)
     a.trigger_checkpoint().result(timeout=30)
     url = f"{base}/{job}/chk-2/_metadata"
-    get_storage(url).write_file(url, b'{"epoch": 99}')
+    get_storage(url).write_file(url, content)
+    return a, url
+
+
+def test_a_file_of_a_newer_incarnation_declines_the_checkpoint(tmp_path):
+    a, url = _checkpoint_1_then_in_the_way(tmp_path, "newer", b'{"epoch": 99}')
     with pytest.raises(CheckpointDeclinedError, match="epoch 99, newer"):
         a.trigger_checkpoint().result(timeout=30)
     assert get_storage(url).read_file(url) == b'{"epoch": 99}'  # not deleted
@@ -130,12 +136,8 @@ def test_a_create_that_failed_but_landed_counts_as_done(tmp_path):
 
 
 def test_a_driver_taken_over_after_deleting_a_late_write_creates_nothing(tmp_path):
-    base, job = f"file://{tmp_path}/dfs", "fenced-retry"
-    a, ab = _driver(base, job)
-    ab.value_state("v").update("k", 1)
-    a.trigger_checkpoint().result(timeout=30)
-    url = f"{base}/{job}/chk-2/_metadata"
-    get_storage(url).write_file(url, b'{"epoch": 0}')  # an older incarnation's late write
+    # an older incarnation's late write in the way
+    a, url = _checkpoint_1_then_in_the_way(tmp_path, "fenced-retry", b'{"epoch": 0}')
     delete = a.storage.delete
 
     def deleted_then_taken_over(u: str) -> None:
