@@ -165,7 +165,13 @@ def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: in
                       [p["durationMs"]["triggerExecution"] for p in prog],
                       [x.checkpoint_s * 1000 for x in h], len(files.seen), len(prog),
                       restores=sum(x.restores for x in h[1:]),
-                      timing=[(round(x.batch_s, 2), round(x.apply_s, 2), round(x.checkpoint_s, 2), round(x.commit_s, 2), round(x.restore_s, 2)) for x in h],
+                      # each batch's time in the operator (foreachBatch), the slowest
+                      # subtask's update function and restore, the checkpoint, the sink
+                      batch_breakdown_s=[{"operator": round(x.batch_s, 2),
+                                          "apply": round(x.apply_s, 2),
+                                          "restore": round(x.restore_s, 2),
+                                          "checkpoint": round(x.checkpoint_s, 2),
+                                          "sink": round(x.commit_s, 2)} for x in h],
                       state_files_per_batch_by_kind=files_by_kind(files.seen, len(prog)),
                       apply_ms_p50=summary([x.apply_s * 1000 for x in h[1:] or h])["p50"])
     finally:
