@@ -164,11 +164,18 @@ class FsspecStorage:
             raise StorageError(f"cannot delete {path}: {type(e).__name__}: {e}") from e
 
     def exists(self, path: str) -> bool:
-        return bool(self._fs.exists(self._p(path)))
+        """Whether ``path`` exists; a client error (the store unreachable) is a
+        :class:`StorageError`, never False: a lease's fencing check asks this."""
+        try:
+            return bool(self._fs.exists(self._p(path)))
+        except Exception as e:  # noqa: BLE001 - any client error becomes a StorageError
+            raise StorageError(f"cannot check {path}: {type(e).__name__}: {e}") from e
 
     def list_files(self, prefix: str) -> list[str]:
         try:
             found = self._fs.find(self._p(prefix))
         except FileNotFoundError:
             return []
+        except Exception as e:  # noqa: BLE001 - any client error becomes a StorageError
+            raise StorageError(f"cannot list {prefix}: {type(e).__name__}: {e}") from e
         return sorted(self._url(p) for p in found)

@@ -57,3 +57,20 @@ def test_a_wrapper_registers_only_for_an_option_that_wraps():
 
     with pytest.raises(ValueError, match="turns on no storage wrapper"):
         register_storage_wrapper("compression", lambda st, value: st)
+
+
+def test_an_unreachable_store_is_a_storage_error_never_false():
+    """exists and list_files of an S3 store nobody answers raise StorageError (a lease's
+    fencing check asks exists: a raw client error killed the lease's renewer thread, and
+    False would have read as "no newer epoch")."""
+    from dstl_ray.errors import StorageError
+    from dstl_ray.storage.registry import get_storage, s3_options
+    from dstl_ray.testing.s3server import free_port
+
+    cfg = ChangelogConfig(s3_endpoint_url=f"http://127.0.0.1:{free_port()}",
+                          s3_access_key_id="k", s3_secret_access_key="s")
+    st = get_storage("s3://nobody-answers/x", s3_options(cfg))
+    with pytest.raises(StorageError, match="cannot check"):
+        st.exists("s3://nobody-answers/x/_epochs/job/2.epoch")
+    with pytest.raises(StorageError, match="cannot list"):
+        st.list_files("s3://nobody-answers/x/_epochs/job/")
