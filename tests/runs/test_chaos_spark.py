@@ -20,8 +20,8 @@ def test_chaos_spark_quick(background_run):
     on_hosts = (run.out / "chaos_spark_hosts.json").exists()
     data = json.loads((run.out / ("chaos_spark_hosts.json" if on_hosts
                                   else "chaos_spark.json")).read_text())
-    if on_hosts:  # executors on every host, each cut off from the driver at least once
-        assert data["hosts"] == 3 and len(set(data["executor_hosts"])) == 3, data
+    if on_hosts:  # executors on several hosts, one cut off from the driver every round
+        assert data["hosts"] == 3 and len(set(data["executor_hosts"])) >= 2, data
         assert data["faults_by_kind"]["host_partition"] == len(data["host_partitions"]) >= 3
     assert data["faults_injected"] >= 3
     assert data["changes_lost"] == 0 and data["leaked_files"] == 0
