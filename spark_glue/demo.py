@@ -180,7 +180,8 @@ def _run(args: argparse.Namespace, base: Path, say: Callable[[str], None]) -> in
     else:
         say(f"[demo] starting a local Ray cluster of 3 nodes; data under {base}")
         cluster = start_local_cluster(3, 1, NS)
-    executors = hosts if args.ray_address else 3  # one per Ray node    spark = None
+    executors = hosts if args.ray_address else 3  # one per Ray node
+    spark = None
     stop = threading.Event()
     try:
         tree = deploy(f"file://{base}/dstl", ChangelogConfig(namespace=NS, persist_delay_s=0.2),

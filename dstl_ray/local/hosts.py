@@ -43,8 +43,10 @@ def unavailable() -> str | None:
     return None
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+def _ip(*args: str, check: bool = True, netns: str = "") -> subprocess.CompletedProcess[str]:
+    """``ip ARGS``, in network namespace file ``netns`` if given (``nsenter``)."""
+    enter = ["nsenter", f"--net={netns}"] if netns else []
+    out = subprocess.run([*enter, "ip", *args], capture_output=True, text=True)
     if check and out.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
     return out
@@ -290,16 +292,9 @@ class HostLinks:
         return cls(spec["address"], spec["netns"], tuple(
             Host(i, h["namespace"], h["ip"], h["link"]) for i, h in enumerate(spec["hosts"])))
 
-    def _link(self, host: Host, state: str) -> None:
-        out = subprocess.run(["nsenter", f"--net={self.netns}", "ip", "link", "set",
-                              host.link, state], capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"ip link set {host.link} {state} (host {host.ip}): "
-                               f"{out.stderr.strip()}")
-
     def partition(self, host: Host) -> None:
         """Cut ``host`` off (its link down), as :meth:`HostCluster.partition`."""
-        self._link(host, "down")
+        _ip("link", "set", host.link, "down", netns=self.netns)
 
     def heal(self, host: Host) -> None:
-        self._link(host, "up")
+        _ip("link", "set", host.link, "up", netns=self.netns)
