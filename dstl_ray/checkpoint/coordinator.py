@@ -37,6 +37,7 @@ from ..storage.base import join, normalize_url
 from ..storage.registry import get_storage
 from ..transport.sender import Incarnation
 from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, release_backend_dir
+from .cleaner import CheckpointsCleaner
 from .lease import JobLease
 from .lease_epochs import EPOCHS_DIR
 from .metadata import METADATA_FILE, CheckpointMetadata, delete_metadata
@@ -117,6 +118,8 @@ class CheckpointCoordinator:
         self.lease = JobLease(self.job_path, ttl_s=lease_ttl_s, storage=self.storage,
                               epochs_url=join(self.base_path, EPOCHS_DIR, job_id))
         self.declined = 0
+        # subsumed checkpoints are deleted in the background (Flink's CheckpointsCleaner)
+        self.cleaner = CheckpointsCleaner(self.lease, self.registry)
         self.metadata = ExclusiveMetadata(self.storage, self.lease)  # never written over
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
@@ -273,8 +276,7 @@ class CheckpointCoordinator:
             older = [p for m, p in self._pending.items() if m < n]
         self.registry.checkpoint_finished(n, completed=True)
         abort_older(older, n)  # Flink: completing n aborts the pending checkpoints before it
-        for old in subsumed:
-            self._discard(old)
+        self.cleaner.discard_later(subsumed)  # complete now; the subsumed go in the background
         return cc
 
     def complete_checkpoint(self, checkpoint_id: int, snapshots: list[KeyedStateSnapshot]
@@ -307,24 +309,9 @@ class CheckpointCoordinator:
             gone = [c for c in self._retained if c.checkpoint_id >= checkpoint_id]
             self._retained = [c for c in self._retained if c.checkpoint_id < checkpoint_id]
         for cc in reversed(gone):
-            self._discard(cc)
+            self.cleaner.discard(cc)
         self._notify_subsumed()
         return [c.checkpoint_id for c in gone]
-
-    def _discard(self, cc: CompletedCheckpoint) -> None:
-        """Subsume: delete the metadata first (never a metadata naming deleted files), then
-        drop its references (the registry deletes what nobody else uses). A fenced driver
-        deletes nothing: the job is another driver's now."""
-        try:
-            self.lease.check()
-        except DstlError as e:  # fenced, or unsure: the next recovery's cleanup gets it
-            log.warning("not discarding checkpoint %d: %s", cc.checkpoint_id, e)
-            return
-        try:
-            delete_metadata(cc.metadata_url)
-        except DstlError as e:
-            log.warning("cannot delete %s: %s", cc.metadata_url, e)
-        self.registry.release(cc.metadata_url)
 
     # ------------------------------------------------------------------ savepoints
 
@@ -418,8 +405,9 @@ class CheckpointCoordinator:
             with self._lock:
                 gone, self._retained = self._retained, []
             for cc in gone:
-                self._discard(cc)
+                self.cleaner.discard(cc)
             self.restore_point.remove()
+        self.registry.flush(timeout)  # the subsumed checkpoints' discards run first
         self.registry.close(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)
@@ -428,5 +416,5 @@ class CheckpointCoordinator:
         """Stop as a crashed driver would: nothing is closed, released or deleted, and the
         job's lease is left to the next driver (the chaos harness and tests simulate a
         driver's death with it)."""
-        self.lease.abandon()
+        self.lease.abandon()  # (queued discards check it: they delete nothing)
         self._finisher.shutdown(wait=False)

@@ -156,6 +156,13 @@ def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = Non
             deleted.append(url)
         except DstlError as e:
             log.warning("orphan cleanup cannot delete %s: %s", url, e)
+            continue
+        remove_dir = getattr(st, "delete_dir", None)
+        if url.endswith("/" + METADATA_FILE) and remove_dir is not None:
+            try:  # a subsumed checkpoint whose discard never ran: its chk-n goes too
+                remove_dir(url.rsplit("/", 1)[0])
+            except StorageError as e:
+                log.warning("cannot remove the directory of %s: %s", url, e)
     if deleted:
         log.info("orphan cleanup deleted %d files under %s", len(deleted), root)
     return deleted

@@ -287,6 +287,11 @@ class SharedStateRegistry:
 
     # ------------------------------------------------------------------ deletion
 
+    @property
+    def deleter(self) -> Deleter:
+        """The deleter this registry's deletes run on."""
+        return self._deleter or background_deleter()
+
     def flush(self, timeout: float | None = 60.0) -> bool:
         """Wait for the deletes handed over so far (close paths, tests)."""
         return (self._deleter or background_deleter()).flush(timeout)

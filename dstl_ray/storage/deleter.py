@@ -16,8 +16,9 @@ fenced after deciding a delete therefore never runs it late, when another driver
 job and name the file again; the file is left to that driver's orphan cleanup.
 
 The queue is bounded (``max_pending``): when it is full, deletes are dropped (counted and
-logged), never waited for. :meth:`Deleter.flush` waits for everything handed over so far, for
-close paths that must leave nothing behind (a backend's ``close``, a coordinator's
+logged), never waited for. :meth:`Deleter.flush` waits for everything handed over so far
+(and what that hands over while it runs: a subsumed checkpoint's discard releases its files),
+for close paths that must leave nothing behind (a backend's ``close``, a coordinator's
 ``shutdown``) and for tests.
 """
 
@@ -70,6 +71,10 @@ class Deleter:
         self._queue: collections.deque[
             tuple[int, Callable[[], Any], str, Callable[[], Any] | None]] = collections.deque()
         self._unfinished: set[int] = set()  # tickets queued or running
+        # a delete handed over while another one runs (a checkpoint's discard releasing its
+        # files) is part of it: ticket -> the ticket handed over from outside it came from
+        self._root: dict[int, int] = {}
+        self._running = threading.local()  # the ticket this thread runs now
         self._seq = 0
         self._threads: list[threading.Thread] = []
 
@@ -85,12 +90,14 @@ class Deleter:
         ``guard()`` (if given) returned without raising; False if it was dropped because the
         queue is full."""
         self._check_fork()
+        parent = getattr(self._running, "ticket", None)
         with self._cond:
             self.stats.submitted += 1
             if self.workers == 0:
                 self._seq += 1
                 ticket = self._seq
                 self._unfinished.add(ticket)
+                self._root[ticket] = self._root.get(parent, ticket) if parent else ticket
             elif len(self._queue) >= self.max_pending:
                 self.stats.dropped += 1
                 dropped = self.stats.dropped
@@ -99,6 +106,7 @@ class Deleter:
                 self._seq += 1
                 ticket = self._seq
                 self._unfinished.add(ticket)
+                self._root[ticket] = self._root.get(parent, ticket) if parent else ticket
                 self._queue.append((ticket, delete, what, guard))
                 if len(self._threads) < self.workers:
                     t = threading.Thread(target=self._work, daemon=True,
@@ -130,6 +138,7 @@ class Deleter:
     def _run(self, ticket: int, fn: Callable[[], Any], what: str,
              guard: Callable[[], Any] | None) -> None:
         outcome = "deleted"
+        outer, self._running.ticket = getattr(self._running, "ticket", None), ticket
         try:
             if guard is not None:
                 try:
@@ -142,9 +151,12 @@ class Deleter:
         except Exception as e:  # noqa: BLE001 - best effort: orphan cleanup covers it
             outcome = "failed"
             log.warning("cannot delete %s: %s: %s", what, type(e).__name__, e)
+        finally:
+            self._running.ticket = outer
         with self._cond:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
             self._unfinished.discard(ticket)
+            self._root.pop(ticket, None)
             self._cond.notify_all()
 
     def _log_fenced(self, what: str, e: Exception) -> None:
@@ -161,12 +173,13 @@ class Deleter:
             return len(self._unfinished)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every delete handed over before this call ran; False on timeout."""
+        """Wait until every delete handed over before this call ran, with the deletes they
+        handed over while running; False on timeout."""
         self._check_fork()
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._seq
-            while any(t <= target for t in self._unfinished):
+            while any(self._root.get(t, t) <= target for t in self._unfinished):
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
                     return False

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import dstl_ray as d
+from dstl_ray.storage.deleter import flush_deletes
 from dstl_ray.storage.local import LocalStorage
 
 from ..ckpt_util import MAXP, client
@@ -15,6 +16,9 @@ JOB = "dirs"
 
 
 def _chk_dirs(tmp_path) -> list[str]:
+    """The ``chk-n`` directories once the subsumed checkpoints' discards ran (they run in
+    the background: dstl_ray.checkpoint.cleaner)."""
+    assert flush_deletes(30)
     return sorted(n for n in os.listdir(tmp_path / "dfs" / JOB) if n.startswith("chk-"))
 
 

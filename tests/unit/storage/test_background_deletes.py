@@ -171,3 +171,23 @@ def test_the_deleter_works_in_a_forked_child():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_a_flush_waits_for_the_deletes_a_running_delete_hands_over():
+    """A subsumed checkpoint's discard (one delete) releases its files (more deletes, handed
+    over while it runs): a flush from before waits for those too."""
+    deleter, done, gate = Deleter(workers=2), [], threading.Event()
+
+    def child() -> None:
+        assert gate.wait(10)
+        done.append("child")
+
+    def parent() -> None:
+        deleter.submit(child, "child")
+        done.append("parent")
+
+    deleter.submit(parent, "parent")
+    assert not deleter.flush(timeout=0.3)  # the child is held: the parent's flush waits
+    gate.set()
+    assert deleter.flush(timeout=10)
+    assert sorted(done) == ["child", "parent"]
