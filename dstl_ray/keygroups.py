@@ -102,9 +102,26 @@ def assign_key_groups(keys: Iterable[object], max_parallelism: int
     return out
 
 
+class _LastKey:
+    """The last ``str``/``int``/``bytes`` key :func:`assign_key_group` hashed, with its
+    answer: a per-key update reads and writes several states of one key in a row, each
+    access asking for the key's group again. Matched by identity (the same immutable
+    object, so the same value and type: ``1``, ``True`` and ``1.0`` stay three keys); one
+    entry per process, replaced whole (threads read a consistent one)."""
+
+    MEMO = (str, int, bytes)
+    entry: tuple[object, int, int] | None = None  # key, max parallelism, key group
+
+
 def assign_key_group(key: object, max_parallelism: int) -> int:
     """The key group of ``key``: ``stable_hash(key) % max_parallelism``."""
-    return stable_hash(key) % max_parallelism
+    last = _LastKey.entry
+    if last is not None and last[0] is key and last[1] == max_parallelism:
+        return last[2]
+    kg = stable_hash(key) % max_parallelism
+    if type(key) in _LastKey.MEMO:
+        _LastKey.entry = (key, max_parallelism, kg)
+    return kg
 
 
 def key_group_range_for_subtask(max_parallelism: int, parallelism: int, index: int) -> KeyGroupRange:

@@ -85,11 +85,15 @@ class KeyedState:
 
     def __init__(self, backend: ChangelogKeyedStateBackend, key: Any,
                  ttl: Mapping[str, StateTtlConfig] | None = None,
-                 timers: TimerContext | None = None) -> None:
+                 timers: TimerContext | None = None,
+                 handles: dict[tuple[type, str], Any] | None = None) -> None:
         self.key = key
         self._b = backend
         self._ttl = ttl or {}
         self._timers = timers
+        # the backend's state handles by (view, name), shared by the keys of one batch: a
+        # handle is the same for every key, and taking one registers the state each time
+        self._handles = {} if handles is None else handles
 
     def value(self, name: str) -> ValueView:
         return self._named(name, ValueView, self._b.value_state)
@@ -101,8 +105,11 @@ class KeyedState:
         return self._named(name, MapView, self._b.map_state)
 
     def _named(self, name: str, view: Any, get: Any) -> Any:
-        check_state_name(name)
-        return view(get(name, self._ttl.get(name)), self.key)
+        handle = self._handles.get((view, name))
+        if handle is None:
+            check_state_name(name)
+            handle = self._handles[view, name] = get(name, self._ttl.get(name))
+        return view(handle, self.key)
 
     @property
     def timers(self) -> KeyTimers:

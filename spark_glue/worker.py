@@ -244,8 +244,10 @@ def apply_rows(update: UpdateFn, groups: Groups, backend: ChangelogKeyedStateBac
     rows = rows_of(groups.table)
     off = groups.offsets
     outputs: list[Any] = []
+    handles: dict[tuple[type, str], Any] = {}
     for i, key in enumerate(groups.keys):
-        out = update(key, rows[off[i]:off[i + 1]], KeyedState(backend, key, ttl, timers))
+        out = update(key, rows[off[i]:off[i + 1]],
+                     KeyedState(backend, key, ttl, timers, handles))
         if out is not None:
             outputs.extend(out)
     return outputs
@@ -256,8 +258,9 @@ def fire_timers(spec: TaskSpec, ctx: TimerContext, backend: ChangelogKeyedStateB
     """Call ``on_timer(key, timer, state)`` for every timer due in this batch, earliest
     first; what the calls return, in order."""
     outputs: list[Any] = []
+    handles: dict[tuple[type, str], Any] = {}
     for timer in ctx.service.due(ctx.watermark_ms, ctx.now_ms):
-        out = spec.on_timer(timer.key, timer, KeyedState(backend, timer.key, ttl, ctx))
+        out = spec.on_timer(timer.key, timer, KeyedState(backend, timer.key, ttl, ctx, handles))
         if out is None:
             continue
         if spec.api == "pandas" and hasattr(out, "columns"):  # one DataFrame or Arrow table

@@ -115,6 +115,35 @@ def test_rows_of_gives_rows_by_name_and_position():
     assert rows_of(None) == []
 
 
+def test_rows_of_rows_behave_as_pysparks_rows():
+    """Made by the column for speed, they are still pyspark.sql.Row objects in every way a
+    user can tell: names, positions, slices, asDict, repr, equality, pickling, errors; a
+    field named like a tuple method is reached by name (as with Row)."""
+    import pickle
+
+    import cloudpickle
+    from pyspark.sql import Row
+
+    r = rows_of(pa.table({"user": ["a"], "amount": [1], "count": [5]}))[0]
+    plain = Row(user="a", amount=1, count=5)
+    assert isinstance(r, Row) and r == plain and repr(r) == repr(plain)
+    assert (r["user"], r.amount, r[2], r[0:2], r["count"]) == ("a", 1, 5, ("a", 1), 5)
+    assert r.asDict() == {"user": "a", "amount": 1, "count": 5} and "amount" in r
+    for copy in (pickle.loads(pickle.dumps(r)), cloudpickle.loads(cloudpickle.dumps(r))):
+        assert copy == plain and copy.amount == 1 and copy.asDict() == plain.asDict()
+
+    def error(row: Row) -> type | None:
+        try:
+            row["nope"]
+        except Exception as e:  # noqa: BLE001 - which one Row raises is what is compared
+            return type(e)
+        return None
+
+    assert error(r) is not None and error(r) is error(plain)
+    with pytest.raises(AttributeError):
+        r.nope  # noqa: B018
+
+
 def test_route_values_follow_sparks_murmur3_hash_partitioning():
     # seen on Spark 3.5.7: SELECT hash(0) and the first ints per partition of 4
     # (tests/spark/test_vectorized_api.py checks every parallelism up to 9 against Spark)
