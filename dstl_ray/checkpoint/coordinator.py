@@ -159,7 +159,8 @@ class CheckpointCoordinator:
         at batch 0, a replayed batch restarts at its own id), so the watermark is -1."""
         with self._lock:
             ids = [c.checkpoint_id for c in self._retained] + list(self._in_progress)
-            return min(ids) - 1 if ids else -1
+        ids += self.cleaner.outstanding_ids()  # a _metadata still listed names its files
+        return min(ids) - 1 if ids else -1
 
     def _notify_subsumed(self) -> None:
         """Tell every backend the watermark (each call carries all earlier ones). Backends
@@ -246,6 +247,7 @@ class CheckpointCoordinator:
     def _commit_locked(self, n: int, snaps: list[KeyedStateSnapshot],
                        error: BaseException | None) -> CompletedCheckpoint:
         url = join(self.job_path, f"chk-{n}", METADATA_FILE)
+        self.cleaner.settle([url])  # an old chk-n's discard (a replayed id) is done first
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps), epoch=self.lease.epoch)
         files = meta.files(url)
@@ -305,6 +307,7 @@ class CheckpointCoordinator:
         """Forget retained checkpoints with id >= ``checkpoint_id`` (their metadata first,
         then their references), so a replayed micro-batch can complete them anew from the
         older state; returns the dropped ids."""
+        self.cleaner.settle()  # the subsumed ones go first: what is left is what is listed
         with self._lock:
             gone = [c for c in self._retained if c.checkpoint_id >= checkpoint_id]
             self._retained = [c for c in self._retained if c.checkpoint_id < checkpoint_id]
@@ -355,6 +358,7 @@ class CheckpointCoordinator:
         # the orphan cleanup considers only files that exist before anything of this run is
         # written: restoring backends may write already (a rescale with file merging
         # materializes each new subtask's own copy at once), and those files are live
+        self.cleaner.settle()  # (a live coordinator's) subsumed checkpoints are not listed
         before = self.storage.list_files(self.job_path) if cleanup else None
         retained, broken = load_retained(self.job_path, self.storage)
         checkpoint, mode = self.restore_point.pick(checkpoint, mode, retained)
@@ -400,6 +404,7 @@ class CheckpointCoordinator:
         with self._lock:
             self.backends.clear()
         self.savepoints.close()  # before checkpoints go, and the lease
+        self.cleaner.settle()  # the subsumed ones before the retained: a cancel leaves none
         delete = cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION
         if delete:
             with self._lock:
@@ -407,7 +412,6 @@ class CheckpointCoordinator:
             for cc in gone:
                 self.cleaner.discard(cc)
             self.restore_point.remove()
-        self.registry.flush(timeout)  # the subsumed checkpoints' discards run first
         self.registry.close(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)
