@@ -276,7 +276,7 @@ def main() -> None:
                       detached=False)
         try:
             for e, k in sizes:
-                n = 6 if e <= 10_000 else 4 if e <= 100_000 else 3
+                n = 6 if e <= 10_000 else 4
                 src = work / f"in-{e}-{k}"
                 write_inputs(src, n, e, k, seed=e + k)
                 for si in systems:
@@ -325,7 +325,7 @@ def main() -> None:
     data = {
         "workload": {"events_per_batch": events, "keys": keys, "ray_nodes": 3,
                      "executors": 3, "executor_cores": 1, "parallelism": 3,
-                     "batches": "6 (10k), 4 (100k), 3 (1M); the first is the warm-up"},
+                     "batches": "6 (10k), 4 (100k, 1M); the first is the warm-up"},
         "rows": rows, "ratios": ratios,
         "targets": {
             "vectorized_at_or_above_apply_in_pandas": all(

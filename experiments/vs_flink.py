@@ -16,8 +16,10 @@ every 10 s as Flink's.
 The same input: Flink's SQL ``datagen`` emits each second's rows at once and then sleeps until
 the next second (``DataGeneratorSource.run`` in Flink 2.3), so about one checkpoint in five
 has changes. dstl-ray's generator does the same by default (``--input bursts``); ``even``
-spreads the rows over the second (every checkpoint has changes: no Flink run matches it);
-``both`` (default) runs dstl-ray on each, the even run in ``even_input``.
+spreads the rows over the second (every checkpoint has changes), as Flink's Source API
+``DataGeneratorSource`` with ``RateLimiterStrategy.perSecond`` does (``flink_even``, the
+peer's ``--input even``); ``both`` (default) runs each system on each, dstl-ray's even run in
+``even_input``, Flink's in ``flink_even``.
 
 The same measure: Flink's end-to-end duration is from the trigger to the last subtask's
 acknowledgement (``AbstractCheckpointStats.getEndToEndDuration``; the ``_metadata`` is written
@@ -347,15 +349,19 @@ def flink_python() -> str:
     return str(py)
 
 
-def flink_side(tms: int, seconds: float, interval: float, work: Path) -> dict[str, Any]:
-    out = work / f"flink-{tms}.json"
+def flink_side(tms: int, seconds: float, interval: float, work: Path,
+               source: str = "bursts") -> dict[str, Any]:
+    """Flink's run with ``tms`` TaskManagers; ``source``: SQL's datagen (``bursts``) or the
+    rate-limited DataGeneratorSource (``even``: experiments/peers/flink_keyed_count.py)."""
+    out = work / f"flink-{tms}-{source}.json"
     proc = subprocess.run([flink_python(), str(HERE / "peers" / "flink_keyed_count.py"),
                            "--out", str(out), "--taskmanagers", str(tms), "--seconds",
                            str(seconds), "--interval-ms", str(int(interval * 1000)),
-                           "--base", str(work / f"flink-{tms}")], capture_output=True,
-                          text=True, timeout=900)
+                           "--input", source, "--base", str(work / f"flink-{tms}-{source}")],
+                          capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.exists():
-        return {"system": "flink", "taskmanagers": tms, "error": proc.stderr[-2000:]}
+        return {"system": "flink", "taskmanagers": tms, "input": source,
+                "error": proc.stderr[-2000:]}
     r = json.loads(out.read_text())
     r.pop("restored_from", None)
     return r
@@ -389,7 +395,12 @@ def main() -> None:
             f = None if args.no_flink else flink_side(n, seconds, 0.2, work)
             if f:
                 print(f"[vs_flink] flink {n} TMs: {json.dumps(f)[:600]}", flush=True)
-            rows.append({"nodes": n, "dstl_ray": d, "flink": f})
+            row = {"nodes": n, "dstl_ray": d, "flink": f}
+            if args.input == "both" and not args.no_flink:  # Flink fed the even input too
+                row["flink_even"] = flink_side(n, seconds, 0.2, work, source="even")
+                print(f"[vs_flink] flink {n} TMs, even input: "
+                      f"{json.dumps(row['flink_even'])[:600]}", flush=True)
+            rows.append(row)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     pyplot = plt()
@@ -414,6 +425,14 @@ def main() -> None:
                 label="Flink 2.3 changelog")
         a2.plot(fx, [r["flink"]["e2e_ms"]["p99"] for r in fl], "s-", label="Flink p99")
         a2.plot(fx, [r["flink"]["e2e_ms"]["p50"] for r in fl], "s--", label="Flink p50")
+    fe = [r for r in rows if r.get("flink_even") and "e2e_ms" in r["flink_even"]]
+    if fe:
+        a2.plot([r["nodes"] for r in fe], [r["flink_even"]["e2e_ms"]["p50"] for r in fe],
+                "D:", label="Flink p50, even input")
+    if ev:
+        a2.plot([r["nodes"] for r in ev], [r["dstl_ray"]["even_input"]["e2e_ms"]["p50"]
+                                           for r in ev], "v--",
+                label="dstl-ray p50, even input, _metadata durable")
     a1.set(xlabel="nodes / TaskManagers", ylabel="changelog files created per checkpoint",
            xticks=xs)
     a2.set(xlabel="nodes / TaskManagers", xticks=xs,
@@ -422,7 +441,18 @@ def main() -> None:
     a2.legend(fontsize=8)
     fig.suptitle("Keyed count, 20k rows/s (each second's rows at once, as Flink's datagen), "
                  "parallelism 4, checkpoint every 200 ms, file://")
-    write_results("vs_flink", {"workload": {"rows_per_second": 20000, "parallelism": 4,
+    def over(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float | None:
+        if not ours or not theirs or "e2e_ms" not in theirs or not theirs["e2e_ms"]["p50"]:
+            return None
+        return ours["e2e_ms"]["p50"] / theirs["e2e_ms"]["p50"]
+
+    # issue 32: dstl-ray's p50 until _metadata is durable over Flink's end-to-end p50
+    ratios = [{"nodes": r["nodes"],
+               "e2e_over_flink": over(r["dstl_ray"], r["flink"]),
+               "ack_over_flink": over({"e2e_ms": r["dstl_ray"]["ack_ms"]}, r["flink"]),
+               "even_e2e_over_flink_even": over(r["dstl_ray"].get("even_input"),
+                                                r.get("flink_even"))} for r in rows]
+    write_results("vs_flink", {"ratios": ratios, "workload": {"rows_per_second": 20000, "parallelism": 4,
                                             "interval_ms": 200, "seconds": seconds,
                                             "keys": KEYS},
                                "runs": rows, "machine": machine(),

@@ -3,11 +3,18 @@
     <flink-venv>/bin/python experiments/peers/flink_keyed_count.py --out result.json \
         [--taskmanagers N] [--parallelism 4] [--seconds 30] [--interval-ms 200]
 
-A Flink SQL job ``INSERT INTO blackhole SELECT k, COUNT(*) FROM datagen GROUP BY k`` at
-20,000 rows/s on a local MiniCluster, hashmap backend with ``state.changelog.enabled``, DSTL
+A Flink SQL job ``INSERT INTO blackhole SELECT k, COUNT(*) FROM src GROUP BY k`` at 20,000
+rows/s on a local MiniCluster, hashmap backend with ``state.changelog.enabled``, DSTL
 on file://. Reports the REST API's checkpoint figures, files created (seen by the experiments'
 ``file_watcher``, in a process of its own, as on the dstl-ray side), and recovery: cancel the job (checkpoints retained), start it again from the
 latest checkpoint, time until the restored job is RUNNING and has completed a checkpoint.
+
+The source (``--input``): ``bursts`` is SQL's ``datagen`` connector, which emits each second's
+rows at once and then sleeps until the next second (the legacy ``DataGeneratorSource.run``);
+``even`` is the Source API's ``DataGeneratorSource`` with ``RateLimiterStrategy.perSecond``
+(a Guava rate limiter per reader: the rows spread evenly over the second), generating the
+sequence 0, 1, 2, ... through ``IndexLookupGeneratorFunction`` (both Java: no Python runs in
+the pipeline), keyed ``k = value % 10000``.
 """
 
 from __future__ import annotations
@@ -53,6 +60,36 @@ def file_kind(rel: str) -> str:
     return "other"
 
 
+def even_source(conf, rows_per_second: int, rows: int):
+    """A table environment whose view ``src (k BIGINT)`` is fed at an even rate: Flink's
+    ``DataGeneratorSource`` with ``RateLimiterStrategy.perSecond`` (Java, through the
+    gateway; its generator function is Java's ``IndexLookupGeneratorFunction`` over
+    0..rows-1)."""
+    from pyflink.common import Types, WatermarkStrategy
+    from pyflink.datastream import StreamExecutionEnvironment
+    from pyflink.datastream.connectors import Source
+    from pyflink.java_gateway import get_gateway
+    from pyflink.table import StreamTableEnvironment
+
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    t = StreamTableEnvironment.create(env)
+    jvm = get_gateway().jvm
+    longs = Types.LONG().get_java_type_info()
+    values = jvm.java.util.stream.LongStream.range(0, rows).boxed().collect(
+        jvm.java.util.stream.Collectors.toList())
+    gen = jvm.org.apache.flink.connector.datagen.functions.IndexLookupGeneratorFunction(
+        longs, values)
+    rate = jvm.org.apache.flink.api.connector.source.util.ratelimit.RateLimiterStrategy \
+        .perSecond(float(rows_per_second))
+    source = jvm.org.apache.flink.connector.datagen.source.DataGeneratorSource(
+        gen, rows, rate, longs)
+    stream = env.from_source(Source(source), WatermarkStrategy.no_watermarks(), "even",
+                             Types.LONG())
+    t.create_temporary_view("seq", stream)
+    t.execute_sql("CREATE TEMPORARY VIEW src AS SELECT f0 % 10000 AS k FROM seq")
+    return t
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -63,6 +100,7 @@ def main() -> None:
     p.add_argument("--interval-ms", type=int, default=200)
     p.add_argument("--rows-per-second", type=int, default=20000)
     p.add_argument("--rest-port", type=int, default=18081)
+    p.add_argument("--input", choices=("bursts", "even"), default="bursts")
     a = p.parse_args()
     from pyflink.common import Configuration
     from pyflink.table import EnvironmentSettings, TableEnvironment
@@ -95,11 +133,16 @@ def main() -> None:
             opts["execution.state-recovery.claim-mode"] = "CLAIM"
         for k, v in opts.items():
             conf.set_string(k, v)
-        t = TableEnvironment.create(EnvironmentSettings.new_instance().in_streaming_mode()
-                                    .with_configuration(conf).build())
-        t.execute_sql(f"CREATE TABLE src (k BIGINT) WITH ('connector'='datagen', "
-                      f"'rows-per-second'='{a.rows_per_second}', 'fields.k.min'='0', "
-                      f"'fields.k.max'='9999')")
+        if a.input == "even":
+            # enough rows for the run, the recovery and its first checkpoints
+            t = even_source(conf, a.rows_per_second,
+                            int(a.rows_per_second * (a.seconds + 120)))
+        else:
+            t = TableEnvironment.create(EnvironmentSettings.new_instance().in_streaming_mode()
+                                        .with_configuration(conf).build())
+            t.execute_sql(f"CREATE TABLE src (k BIGINT) WITH ('connector'='datagen', "
+                          f"'rows-per-second'='{a.rows_per_second}', 'fields.k.min'='0', "
+                          f"'fields.k.max'='9999')")
         t.execute_sql("CREATE TABLE snk (k BIGINT, c BIGINT) WITH ('connector'='blackhole')")
         return t
 
@@ -130,6 +173,7 @@ def main() -> None:
     completed = cps["counts"]["completed"]
     result = {
         "system": "flink", "version": "2.3.0", "taskmanagers": a.taskmanagers,
+        "input": a.input,
         "parallelism": a.parallelism, "seconds": a.seconds, "interval_ms": a.interval_ms,
         "checkpoints_completed": completed, "checkpoints_failed": cps["counts"]["failed"],
         "e2e_ms": {k: e2e.get(k) for k in ("min", "p50", "p90", "p99", "max", "avg")},
