@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from ..errors import DstlError
 from ..state.registry import SharedStateRegistry
@@ -49,9 +49,13 @@ class CheckpointsCleaner:
     """Deletes subsumed checkpoints of one job: now (:meth:`discard`) or in the background
     (:meth:`discard_later`), each at most once."""
 
-    def __init__(self, lease: JobLease, registry: SharedStateRegistry) -> None:
+    def __init__(self, lease: JobLease, registry: SharedStateRegistry,
+                 on_discarded: Callable[[], None] = lambda: None) -> None:
+        """``on_discarded`` runs after each discard (the coordinator tells its backends the
+        subsumed watermark, which an outstanding discard held back)."""
         self._lease = lease
         self._registry = registry
+        self._on_discarded = on_discarded
         self._cond = threading.Condition()
         self._queued: dict[str, CompletedCheckpoint] = {}  # handed over, not started
         self._running: dict[str, int] = {}  # metadata URL -> checkpoint id
@@ -133,6 +137,10 @@ class CheckpointsCleaner:
             with self._cond:
                 del self._running[url]
                 self._cond.notify_all()
+        try:
+            self._on_discarded()
+        except Exception as e:  # noqa: BLE001 - the discard is done; the next one tells again
+            log.warning("after discarding checkpoint %d: %s", cc.checkpoint_id, e)
 
     def _remove(self, cc: CompletedCheckpoint) -> None:
         """The metadata first, then its references (the registry deletes what nobody else

@@ -119,7 +119,7 @@ class CheckpointCoordinator:
                               epochs_url=join(self.base_path, EPOCHS_DIR, job_id))
         self.declined = 0
         # subsumed checkpoints are deleted in the background (Flink's CheckpointsCleaner)
-        self.cleaner = CheckpointsCleaner(self.lease, self.registry)
+        self.cleaner = CheckpointsCleaner(self.lease, self.registry, self._notify_subsumed)
         self.metadata = ExclusiveMetadata(self.storage, self.lease)  # never written over
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,

@@ -27,11 +27,13 @@ _CLASS = re.compile(r"(?<![\w.-])([A-Z][A-Za-z0-9_]*[a-z][A-Za-z0-9_]*)(?![\w-])
 # names of other projects the docs compare with or use, each with its home
 FOREIGN = {
     "AbstractCheckpointStats": "Flink",
+    "CheckpointsCleaner": "Flink (dstl_ray.checkpoint.cleaner is named after it)",
     "DataGeneratorSource": "Flink",
     "Decimal": "Python's decimal module",
     "KeyGroupPartitionedPriorityQueue": "Flink",
     "PeriodicMaterializationManager": "Flink",
     "LocalDataOutputStream": "Flink",
+    "RateLimiterStrategy": "Flink",
     "RecoverableWriter": "Flink",
     "StateChangeFsUploader": "Flink",
     "NodeAffinitySchedulingStrategy": "Ray",
