@@ -442,16 +442,20 @@ def main() -> None:
     fig.suptitle("Keyed count, 20k rows/s (each second's rows at once, as Flink's datagen), "
                  "parallelism 4, checkpoint every 200 ms, file://")
     def over(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float | None:
-        if not ours or not theirs or "e2e_ms" not in theirs or not theirs["e2e_ms"]["p50"]:
+        """p50 over p50 of two durations (None: a run missing or without a figure)."""
+        if not ours or not theirs or not theirs.get("p50"):
             return None
-        return ours["e2e_ms"]["p50"] / theirs["e2e_ms"]["p50"]
+        return ours["p50"] / theirs["p50"]
+
+    def e2e(run: dict[str, Any] | None) -> dict[str, Any] | None:
+        return (run or {}).get("e2e_ms")
 
     # issue 32: dstl-ray's p50 until _metadata is durable over Flink's end-to-end p50
     ratios = [{"nodes": r["nodes"],
-               "e2e_over_flink": over(r["dstl_ray"], r["flink"]),
-               "ack_over_flink": over({"e2e_ms": r["dstl_ray"]["ack_ms"]}, r["flink"]),
-               "even_e2e_over_flink_even": over(r["dstl_ray"].get("even_input"),
-                                                r.get("flink_even"))} for r in rows]
+               "e2e_over_flink": over(e2e(r["dstl_ray"]), e2e(r["flink"])),
+               "ack_over_flink": over(r["dstl_ray"]["ack_ms"], e2e(r["flink"])),
+               "even_e2e_over_flink_even": over(e2e(r["dstl_ray"].get("even_input")),
+                                                e2e(r.get("flink_even")))} for r in rows]
     write_results("vs_flink", {"ratios": ratios, "workload": {"rows_per_second": 20000, "parallelism": 4,
                                             "interval_ms": 200, "seconds": seconds,
                                             "keys": KEYS},

@@ -355,10 +355,10 @@ class CheckpointCoordinator:
     def _restore(self, client: Any, operator_id: str, parallelism: int,
                  checkpoint: str | None, mode: RestoreMode, fallback: bool, cleanup: bool,
                  backend_options: dict[str, Any]) -> list[ChangelogKeyedStateBackend]:
+        self.cleaner.settle()  # (a live coordinator's) subsumed checkpoints are not listed
         # the orphan cleanup considers only files that exist before anything of this run is
         # written: restoring backends may write already (a rescale with file merging
         # materializes each new subtask's own copy at once), and those files are live
-        self.cleaner.settle()  # (a live coordinator's) subsumed checkpoints are not listed
         before = self.storage.list_files(self.job_path) if cleanup else None
         retained, broken = load_retained(self.job_path, self.storage)
         checkpoint, mode = self.restore_point.pick(checkpoint, mode, retained)

@@ -17,7 +17,7 @@ from ..errors import HandleError, StorageError
 from ..format.materialized import parse_job
 from ..format.segment import loads, non_negative_int, show
 from ..state.snapshot import KeyedStateSnapshot
-from ..storage.base import normalize_url
+from ..storage.base import Storage, normalize_url
 from ..storage.registry import get_storage
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,16 @@ def delete_metadata(metadata_url: str) -> None:
     and every listing of the job (orphan cleanup, the registry) walks them all."""
     storage = get_storage(metadata_url)
     storage.delete(metadata_url)
+    remove_checkpoint_dir(storage, metadata_url)
+
+
+def remove_checkpoint_dir(storage: Storage, metadata_url: str) -> None:
+    """Remove the directory of a deleted ``_metadata`` if nothing else is in it (on a
+    storage with directories: ``delete_dir``). Best effort: a directory left over costs a
+    listing entry, not a checkpoint."""
     remove_dir = getattr(storage, "delete_dir", None)
     if remove_dir is not None:
-        try:  # best effort: a directory left over costs a listing entry, not a checkpoint
+        try:
             remove_dir(split_metadata_url(metadata_url)[1])
         except StorageError as e:
             log.warning("cannot remove the directory of %s: %s", metadata_url, e)

@@ -21,7 +21,7 @@ from ..state.backend import ChangelogKeyedStateBackend, RestoreSource
 from ..storage.base import Storage, join, normalize_url
 from ..storage.registry import get_storage
 from ..transport.sender import Incarnation
-from .metadata import METADATA_FILE, CheckpointMetadata, split_metadata_url
+from .metadata import METADATA_FILE, CheckpointMetadata, remove_checkpoint_dir, split_metadata_url
 
 log = logging.getLogger(__name__)
 _CHK = re.compile(r"/chk-(\d+)/" + METADATA_FILE + "$")
@@ -157,12 +157,8 @@ def cleanup_orphans(job_path: str, keep: set[str], storage: Storage | None = Non
         except DstlError as e:
             log.warning("orphan cleanup cannot delete %s: %s", url, e)
             continue
-        remove_dir = getattr(st, "delete_dir", None)
-        if url.endswith("/" + METADATA_FILE) and remove_dir is not None:
-            try:  # a subsumed checkpoint whose discard never ran: its chk-n goes too
-                remove_dir(url.rsplit("/", 1)[0])
-            except StorageError as e:
-                log.warning("cannot remove the directory of %s: %s", url, e)
+        if url.endswith("/" + METADATA_FILE):  # a subsumed one whose discard never ran
+            remove_checkpoint_dir(st, url)
     if deleted:
         log.info("orphan cleanup deleted %d files under %s", len(deleted), root)
     return deleted

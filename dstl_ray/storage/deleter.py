@@ -94,19 +94,13 @@ class Deleter:
         with self._cond:
             self.stats.submitted += 1
             if self.workers == 0:
-                self._seq += 1
-                ticket = self._seq
-                self._unfinished.add(ticket)
-                self._root[ticket] = self._root.get(parent, ticket) if parent else ticket
+                ticket = self._new_ticket(parent)
             elif len(self._queue) >= self.max_pending:
                 self.stats.dropped += 1
                 dropped = self.stats.dropped
                 ticket = 0
             else:
-                self._seq += 1
-                ticket = self._seq
-                self._unfinished.add(ticket)
-                self._root[ticket] = self._root.get(parent, ticket) if parent else ticket
+                ticket = self._new_ticket(parent)
                 self._queue.append((ticket, delete, what, guard))
                 if len(self._threads) < self.workers:
                     t = threading.Thread(target=self._work, daemon=True,
@@ -122,6 +116,15 @@ class Deleter:
             return False
         self._run(ticket, delete, what, guard)  # workers == 0: inline
         return True
+
+    def _new_ticket(self, parent: int | None) -> int:
+        """A ticket for a delete handed over (with ``_cond`` held), counted unfinished, part
+        of ``parent``'s root when handed over by the running delete ``parent``."""
+        self._seq += 1
+        ticket = self._seq
+        self._unfinished.add(ticket)
+        self._root[ticket] = self._root.get(parent, ticket) if parent else ticket
+        return ticket
 
     def delete(self, storage: Any, url: str) -> bool:
         """Delete ``url`` through ``storage`` in the background."""
