@@ -13,8 +13,15 @@ changelog replay MB/s. Checkpoints go through a CheckpointCoordinator per subtas
 (DirectTransport: the state tables are measured, not the tree), so superseded files are
 deleted as in a job.
 
+Like for like with Spark (issue "large state, like for like"): the ``dstl-ray-operator-rocksdb``
+row is the Spark operator itself (:mod:`experiments.large_state_operator`: RayDP, the same
+input files, batches and query restart as Spark's side), next to Spark's row; both give
+``batch_ms_p50`` (update batches) and ``restart_first_batch_ms`` (the first batch after the
+query is restarted) by the same definition, and the last panel shows them side by side.
+
 Run: python -m experiments.large_state [--quick] [--keys N] [--rounds R] [--tables heap,rocksdb]
-     [--no-spark]
+     [--no-spark] [--no-operator] [--only operator,spark --keep-from FILE] (--only runs just
+     those rows; the others, and the long run, are kept from FILE, marked ``from_run``)
 """
 
 from __future__ import annotations
@@ -242,12 +249,55 @@ def _plot_long_run(ax: Any, run: dict[str, Any]) -> None:
     ax.legend(fontsize=7)
 
 
+def run_operator_row(keys: int, rounds: int, work: str) -> dict[str, Any]:
+    """The Spark operator on RocksDB, over the same input as :func:`run_spark_row`."""
+    from .large_state_operator import run_operator
+
+    try:
+        return run_operator(keys, VALUE, rounds, 0.01, work + "/operator", timeout_s=5400)
+    finally:
+        subprocess.run(["pkill", "-f", f"{work}/operator/"], check=False)
+
+
+def _kept(path: str, runs: set[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The rows of an earlier run that are not run now, marked with its date, and its long
+    run."""
+    with open(path) as f:
+        earlier = json.load(f)
+    date = earlier.get("machine", {}).get("date", "?")
+    rows = [{**r, "from_run": r.get("from_run", date)} for r in earlier["rows"]
+            if ROW_OF.get(r["backend"], r["backend"]) not in runs]
+    return rows, earlier.get("long_run")
+
+
+ROW_OF = {"spark-rocksdb": "spark", "dstl-ray-operator-rocksdb": "operator"}
+
+
+def _plot_like_for_like(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """Update batch p50 and the first batch after a restart: the operator against Spark."""
+    pair = [r for r in rows if r["backend"] in ROW_OF and "error" not in r
+            and "restart_first_batch_ms" in r]
+    xs = range(len(pair))
+    ax.bar([x - 0.2 for x in xs], [r["batch_ms_p50"] / 1000 for r in pair], 0.4,
+           label="update batch p50")
+    ax.bar([x + 0.2 for x in xs], [r["restart_first_batch_ms"] / 1000 for r in pair], 0.4,
+           label="first batch after restart")
+    ax.set_xticks(list(xs), [ROW_OF[r["backend"]] for r in pair], fontsize=8)
+    ax.set_ylabel("s", fontsize=8)
+    ax.set_title("Spark operator vs Spark's store", fontsize=9)
+    ax.legend(fontsize=7)
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--keys", type=int, default=0)
     p.add_argument("--rounds", type=int, default=0)
     p.add_argument("--tables", default="heap,rocksdb")
     p.add_argument("--no-spark", action="store_true")
+    p.add_argument("--no-operator", action="store_true")
+    p.add_argument("--only", default="", help="comma-separated rows to run: heap, rocksdb, "
+                   "spark, operator, long (the others are kept from --keep-from)")
+    p.add_argument("--keep-from", default="", help="an earlier large_state.json")
     p.add_argument("--long-keys", type=int, default=0,
                    help="keys of the long rocksdb run (upload over many rounds)")
     p.add_argument("--long-rounds", type=int, default=0)
@@ -256,30 +306,47 @@ def main() -> None:
     args = p.parse_args()
     keys = args.keys or (400_000 if args.quick else 20_000_000)
     rounds = args.rounds or (5 if args.quick else 10)
+    runs = set(args.only.split(",")) if args.only else {
+        *args.tables.split(","), *(() if args.no_spark else ("spark",)),
+        *(() if args.no_operator else ("operator",)), "long"}
+    if args.only and not args.keep_from:
+        p.error("--only needs --keep-from (the rows not run)")
+    rows, long_run = _kept(args.keep_from, runs) if args.keep_from else ([], None)
     work = tempfile.mkdtemp(prefix="dstl-large-state-")
-    rows = []
     try:
-        for table in args.tables.split(","):
-            row = run_table(table, keys, rounds, work, args.heap_limit_gb)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-            shutil.rmtree(f"{work}/dfs-{table}", ignore_errors=True)
-        if not args.no_spark:
-            row = run_spark_row(keys, rounds, work)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        for table in ("heap", "rocksdb"):
+            if table in runs:
+                row = run_table(table, keys, rounds, work, args.heap_limit_gb)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                shutil.rmtree(f"{work}/dfs-{table}", ignore_errors=True)
+        for name, run in (("spark", run_spark_row), ("operator", run_operator_row)):
+            if name in runs:
+                row = run(keys, rounds, work)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
         # compaction's share of the uploads shows only over many rounds
-        long_run = run_table("rocksdb", args.long_keys or (200_000 if args.quick else 2_000_000),
-                             args.long_rounds or (20 if args.quick else 200), work)
-        print(json.dumps({k: v for k, v in long_run.items() if not isinstance(v, list)}),
-              flush=True)
+        if "long" in runs or long_run is None:
+            long_run = run_table("rocksdb", args.long_keys or (
+                200_000 if args.quick else 2_000_000), args.long_rounds or (
+                20 if args.quick else 200), work)
+            print(json.dumps({k: v for k, v in long_run.items() if not isinstance(v, list)}),
+                  flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    pair = {ROW_OF[r["backend"]]: r for r in rows if r["backend"] in ROW_OF
+            and "from_run" not in r and "restart_first_batch_ms" in r}
+    ratios = {} if len(pair) < 2 else {  # only between rows of this run
+        f"operator_over_spark_{m}": round(pair["operator"][m] / pair["spark"][m], 3)
+        for m in ("batch_ms_p50", "restart_first_batch_ms")}
     data = {"keys": keys, "value_bytes": VALUE, "parallelism": PARALLELISM, "rounds": rounds,
-            "update_fraction": 0.01, "rows": rows, "long_run": long_run, "machine": machine()}
+            "update_fraction": 0.01, "rows": rows, "ratios": ratios, "long_run": long_run,
+            "machine": machine()}
     pyplot = plt()
-    fig, axes = pyplot.subplots(1, 5, figsize=(17.5, 3.2))
-    ok = [r for r in rows if "error" not in r]
+    fig, axes = pyplot.subplots(1, 6, figsize=(21, 3.2))
+    _plot_like_for_like(axes[5], rows)
+    ok = [r for r in rows if "error" not in r and "ckpt_ms_p50" in r
+          and r["backend"] != "dstl-ray-operator-rocksdb"]
     names = [r["backend"] for r in ok]
     for ax, (field, label) in zip(axes, [("ckpt_ms_p50", "checkpoint p50 (ms)"),
                                          ("mat_upload_bytes", "upload per materialization (MB)"),

@@ -39,7 +39,9 @@ out); ``files_per_batch`` counts new files there (``files_per_batch_all``: in th
 checkpoint location); ``peak_rss_mb`` is VmHWM of the driver JVM (local mode: the one Spark
 process); ``recovery_s`` is from starting the query again on the same checkpoint location (same
 JVM, new query run: the state store is loaded from the checkpoint location) until its first
-batch (one more update file) is processed, to compare with ``update_batch_ms_p50``.
+batch (one more update file) is processed, to compare with ``update_batch_ms_p50``;
+``restart_first_batch_ms`` is that batch's ``triggerExecution`` (the operator's side,
+``experiments.large_state_operator``, restarts its query the same way and measures the same).
 
 Spark runs in a child process (a fresh JVM per run: its own heap setting and peak RSS, and an
 OOM there does not take the caller down). If a batch fails or the run times out, the result
@@ -145,6 +147,26 @@ def _write_parquet(path: Path, ks: Any, value_bytes: int, rng: Any,
             v = pa.Array.from_buffers(pa.binary(), len(k), [
                 None, pa.py_buffer(offsets), pa.py_buffer(rng.bytes(len(k) * value_bytes))])
             w.write_table(pa.table({"k": pa.array(k, pa.int64()), "v": v}, schema=schema))
+
+
+def keys_per_update(keys: int, update_fraction: float) -> int:
+    return max(1, round(keys * update_fraction))
+
+
+def write_inputs(staging: Path, keys: int, rounds: int, update_fraction: float,
+                 value_bytes: int, seed: int) -> list[Path]:
+    """The workload's input files in ``staging``, in batch order: every key, then ``rounds``
+    + 1 update batches (the last one for after the restart). The same arguments give the
+    same files (the operator's side, ``experiments.large_state_operator``, reads the same)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    m = keys_per_update(keys, update_fraction)
+    files = [staging / f"batch-{i:05d}.parquet" for i in range(rounds + 2)]
+    _write_parquet(files[0], np.arange(keys, dtype=np.int64), value_bytes, rng)
+    for f in files[1:]:
+        _write_parquet(f, rng.choice(keys, m, replace=False), value_bytes, rng)
+    return files
 
 
 def listing(root: Path) -> dict[str, int]:
@@ -316,14 +338,12 @@ def _summary(a: argparse.Namespace, batches: list[dict[str, Any]],
 
 def _child(a: argparse.Namespace) -> None:
     """The measurement, in the child process; writes the (partial) result after each phase."""
-    import numpy as np
-
     work, out = Path(a.workdir), Path(a.child)
     staging, src, chk, local = (work / d for d in ("staging", "input", "chk", "local"))
     for d in (staging, src, chk, local):
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
-    m = max(1, round(a.keys * a.update_fraction))
+    m = keys_per_update(a.keys, a.update_fraction)
     res: dict[str, Any] = {
         "backend": "spark-rocksdb", "keys": a.keys, "value_bytes": a.value_bytes,
         "state_bytes": a.keys * a.value_bytes, "rounds": a.rounds,
@@ -336,11 +356,8 @@ def _child(a: argparse.Namespace) -> None:
     t_all = time.perf_counter()
     wait = a.maintenance_s + 300.0  # a maintenance tick, then the upload itself
     try:
-        rng = np.random.default_rng(a.seed)
-        files = [staging / f"batch-{i:05d}.parquet" for i in range(a.rounds + 2)]
-        _write_parquet(files[0], np.arange(a.keys, dtype=np.int64), a.value_bytes, rng)
-        for f in files[1:]:
-            _write_parquet(f, rng.choice(a.keys, m, replace=False), a.value_bytes, rng)
+        files = write_inputs(staging, a.keys, a.rounds, a.update_fraction, a.value_bytes,
+                             a.seed)
         res["setup_s"] = round(time.perf_counter() - t_all, 1)
         res["phase"] = "spark start"
         _save(out, res)
@@ -404,6 +421,7 @@ def _child(a: argparse.Namespace) -> None:
         res["recovery_s"] = round(time.perf_counter() - t0, 3)
         p = _progress(q, a.rounds + 1)
         res.update({"recovery_batch_ms": p["durationMs"]["triggerExecution"],
+                    "restart_first_batch_ms": p["durationMs"]["triggerExecution"],
                     "recovery_commit_ms": _ops(p)["commit_ms"],
                     "recovery_durations_ms": p["durationMs"],
                     "update_batch_ms_p50": res["batch_ms_p50"],

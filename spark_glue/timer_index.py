@@ -22,24 +22,15 @@ as the state files it (:meth:`dstl_ray.state.access.MapState.ref`), ``key`` the 
 from __future__ import annotations
 
 import heapq
-import os
 import shutil
 import struct
-import tempfile
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
 
 from dstl_ray.errors import LocalStateError
-from dstl_ray.state.rocksdb_local import (
-    OWNER_FILE,
-    WORKDIR_PREFIX,
-    Closed,
-    Io,
-    owner_record,
-    sweep_stale,
-)
+from dstl_ray.state.rocksdb_local import Closed, Io, new_workdir
 
 EVENT, PROCESSING = "event", "processing"
 Ref = tuple[int, bytes]  # (key group, serialized key)
@@ -154,17 +145,7 @@ class RocksDBTimerIndex:
     top against the database and moves it to the key group's real earliest."""
 
     def __init__(self, key_of: Callable[[bytes], Any], local_dir: str | None = None) -> None:
-        parent = local_dir or tempfile.gettempdir()
-        with Io(parent, "creating the timer index's working directory"):
-            os.makedirs(parent, exist_ok=True)
-            sweep_stale(parent)
-            self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX + "timers-", dir=parent)
-            try:
-                with open(f"{self.path}/{OWNER_FILE}", "w") as f:
-                    f.write(owner_record())
-            except BaseException:
-                shutil.rmtree(self.path, ignore_errors=True)  # (no sweep takes it, ownerless)
-                raise
+        self.path = new_workdir(local_dir, "timers-")
         self._key_of = key_of
         self._heads: dict[str, dict[int, int]] = {EVENT: {}, PROCESSING: {}}
         self._heaps: dict[str, list[tuple[int, int]]] = {EVENT: [], PROCESSING: []}

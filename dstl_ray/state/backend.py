@@ -102,7 +102,7 @@ class ChangelogKeyedStateBackend:
                          if merging.enabled else None)
         self._lock = threading.RLock()
         # "heap" or "rocksdb" (its working directory under local_dir goes on close)
-        self._table: StateTable = open_table(state_backend, key_group_range, local_dir)
+        self._table: StateTable = open_table(state_backend, key_group_range, local_dir, operator_id)
         self._states = StateNames(self._table.add_state)
         # declared types, retyped and dropped states (dstl_ray.state.evolution)
         self.schemas = Reshapes(self._states, self._table, key_group_range, self._ser,

@@ -9,7 +9,8 @@ so the shared state registry keeps them while any checkpoint or the backend's ba
 RocksDB never reuses an SST file's name within one database, and an SST file never changes,
 so a local name identifies its bytes.
 
-Downloading (:func:`download`): a restore fetches a handle's files in parallel, checks each
+Downloading (:func:`download`): a restore takes the files kept on this machine
+(:mod:`dstl_ray.state.local_recovery`), fetches the others in parallel, checks each
 one's size and CRC32C (a missing, short or corrupt file raises an error naming it) and lays
 them out as a RocksDB directory, which the rocksdb table opens as its database or copies from
 (:mod:`dstl_ray.state.rocksdb`); :func:`read_changes` turns one into change records for any
@@ -46,6 +47,7 @@ from ..keygroups import KeyGroupRange
 from ..storage.base import COPY_CHUNK, Storage, join, write_local_file
 from ..storage.deleter import Deleter
 from ..storage.registry import get_storage
+from .local_recovery import LocalRecovery
 from .records import StateKind, encode_full
 from .rocksdb_keys import entries
 
@@ -70,9 +72,11 @@ def file_crc32c(path: str) -> int:
 
 @dataclass
 class LocalCheckpoint:
-    """A RocksDB checkpoint in a local directory; :meth:`close` deletes it."""
+    """A RocksDB checkpoint in a local directory; :meth:`close` deletes it. ``recovery``
+    keeps the files of its upload for a restore on this machine (task-local recovery)."""
 
     path: str
+    recovery: LocalRecovery | None = None
     _closed: bool = field(default=False, repr=False)
 
     def close(self) -> None:
@@ -174,17 +178,25 @@ class SstUploads:
         with self._lock:
             self.known = {f.name: f for f in files}  # older SSTs are gone from the database
             self.uploaded_bytes = sum(f.size for f in uploaded.values()) + bundle.size
-        return RocksDBHandle(self._job_id, key_groups, states, files, bundle, sqn)
+        handle = RocksDBHandle(self._job_id, key_groups, states, files, bundle, sqn)
+        if ckpt.recovery is not None:
+            ckpt.recovery.keep(ckpt.path, handle, self._job_path)
+        return handle
 
 
 def download(handle: RocksDBHandle, base_path: str, dest: str,
-             storage: Storage | None = None) -> None:
+             storage: Storage | None = None, local: LocalRecovery | None = None) -> int:
     """Lay ``handle``'s files out in the new directory ``dest`` as a RocksDB database,
-    fetching at most :data:`PARALLEL` at once. Every file's size and CRC32C is checked; a
-    file that is missing, short or corrupt raises an error naming its URL
-    (:class:`~dstl_ray.errors.StorageError` or :class:`~dstl_ray.errors.FormatError`)."""
+    fetching at most :data:`PARALLEL` at once; with ``local``, the SST files kept on this
+    machine are hard-linked instead (task-local recovery). Every file's size and CRC32C is
+    checked; a file that is missing, short or corrupt raises an error naming its URL
+    (:class:`~dstl_ray.errors.StorageError` or :class:`~dstl_ray.errors.FormatError`).
+    Returns how many SST files came from the local copy."""
     root = join(base_path, handle.job)
     _local(dest, os.makedirs, dest)
+
+    def local_ok(f: UploadedFile, path: str) -> bool:
+        return os.path.getsize(path) == f.size and file_crc32c(path) == f.crc
 
     def check(f: UploadedFile, url: str, size: int, crc: int) -> None:
         if size != f.size:
@@ -207,7 +219,7 @@ def download(handle: RocksDBHandle, base_path: str, dest: str,
         st = storage or get_storage(url)
         local = os.path.join(dest, f.name)
         crc, size = 0, 0
-        with _local(local, open, local, "wb") as out:
+        with _local(local, open, local, "xb") as out:  # never into a linked file
             while True:
                 chunk = st.read_range(url, size, min(COPY_CHUNK, f.size + 1 - size))
                 if not chunk:
@@ -221,10 +233,26 @@ def download(handle: RocksDBHandle, base_path: str, dest: str,
             raise StorageError(f"file not found: {url} (RocksDB {f.name})")
         check(f, url, size, crc)
 
-    _bounded(fetch_sst, list(handle.ssts))
+    def confirm(f: UploadedFile) -> None:
+        """A file taken from the local copy is still on the DFS, at its size: the next
+        checkpoints name it, and a restore on another machine must find it."""
+        url = join(root, f.path)
+        st = storage or get_storage(url)
+        tail = st.read_range(url, f.size - 1, 2) if f.size else b""
+        if f.size and not tail and not st.exists(url):
+            raise StorageError(f"file not found: {url} (RocksDB {f.name})")
+        if len(tail) != min(f.size, 1):
+            raise FormatError(f"file is {'longer' if len(tail) > 1 else 'shorter'} than the "
+                              f"{f.size} bytes the handle says (RocksDB {f.name})", path=url)
+
+    here = _local(dest, local.take, handle, root, dest, local_ok) if local is not None \
+        else set()
+    _bounded(confirm, [f for f in handle.ssts if f.name in here])
+    _bounded(fetch_sst, [f for f in handle.ssts if f.name not in here])
     bundle_url = join(root, handle.bundle.path)
     for name, data in decode_bundle(fetch(handle.bundle), bundle_url):
         _write_local(os.path.join(dest, name), data)
+    return len(here)
 
 
 def _local(path: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -238,7 +266,7 @@ def _local(path: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 def _write_local(path: str, data: bytes) -> None:
     def write() -> None:
-        with open(path, "wb") as out:
+        with open(path, "xb") as out:
             out.write(data)
     _local(path, write)
 

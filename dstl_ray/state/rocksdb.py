@@ -10,8 +10,9 @@ database.
 
 Materialization is incremental (:mod:`dstl_ray.state.incremental`): a local RocksDB
 checkpoint whose SST files not uploaded before are uploaded. A restore downloads a handle's
-files and, for the first one, opens them as the database and drops the key groups outside
-its range with ``delete_range`` (Flink's restore of incremental RocksDB state); any further
+files (those of a materialization on this machine hard-linked from its local copy:
+:mod:`dstl_ray.state.local_recovery`) and, for the first one, opens them as the database
+and drops the key groups outside its range with ``delete_range`` (Flink's restore of incremental RocksDB state); any further
 handle (a rescale that merges subtasks) is copied over key group by key group. Views for
 savepoints are RocksDB checkpoints opened read-only.
 
@@ -43,6 +44,7 @@ from ..errors import FormatError, LocalStateError
 from ..format.incremental import RocksDBHandle, UploadedFile
 from ..keygroups import KeyGroupRange
 from .incremental import LocalCheckpoint, download
+from .local_recovery import LocalRecovery
 from .records import (
     HDR,
     RECORD_VERSION,
@@ -55,14 +57,11 @@ from .records import (
 )
 from .rocksdb_keys import MAX_KEY_GROUPS, entries, entry_key, kg_prefix, scan
 from .rocksdb_local import (
-    OWNER_FILE,
-    WORKDIR_PREFIX,
     Closed,
     Io,
     copy_batches,
+    new_workdir,
     open_db,
-    owner_record,
-    sweep_stale,
     worth_compacting,
 )
 from .rocksdb_views import StateView, ViewDb
@@ -77,7 +76,8 @@ class RocksDBStateTable:
     name = "rocksdb"
     copies_under_lock = False
 
-    def __init__(self, key_groups: KeyGroupRange, local_dir: str | None = None) -> None:
+    def __init__(self, key_groups: KeyGroupRange, local_dir: str | None = None,
+                 operator: str = "") -> None:
         if key_groups.end >= MAX_KEY_GROUPS:
             raise LocalStateError(f"the rocksdb state table holds key groups below "
                                   f"{MAX_KEY_GROUPS}, got {key_groups}")
@@ -90,13 +90,8 @@ class RocksDBStateTable:
         # set by close() only: _db is also a Closed while a restore swaps the database
         # (and stays one if the swap failed), and the directory must go all the same
         self._closed = False
-        with Io(str(local_dir or tempfile.gettempdir()), "creating a working directory"):
-            if local_dir is not None:
-                os.makedirs(local_dir, exist_ok=True)
-            sweep_stale(local_dir or tempfile.gettempdir())
-            self.path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX, dir=local_dir)
-            with open(f"{self.path}/{OWNER_FILE}", "w") as f:
-                f.write(owner_record())
+        self.path = new_workdir(local_dir)
+        self.recovery = LocalRecovery(local_dir or tempfile.gettempdir(), operator)
         self._read, self._write = Io(self.path, "read"), Io(self.path, "write")
         try:
             self._db: Any = open_db(f"{self.path}/db", self.path)
@@ -305,7 +300,7 @@ class RocksDBStateTable:
         That is all that runs under the backend's lock; uploading reads the links."""
         with self._guard, Io(self.path, "taking a checkpoint"):
             os.makedirs(f"{self.path}/ckpt", exist_ok=True)
-            ckpt = LocalCheckpoint(f"{self.path}/ckpt/{uuid.uuid4().hex}")
+            ckpt = LocalCheckpoint(f"{self.path}/ckpt/{uuid.uuid4().hex}", self.recovery)
             try:
                 Checkpoint(self._db).create_checkpoint(ckpt.path)
             except BaseException:
@@ -348,7 +343,7 @@ class RocksDBStateTable:
         are copied over, state ids translated by ``sid_map``, and None is returned."""
         tmp = f"{self.path}/restore-{uuid.uuid4().hex}"
         try:
-            download(handle, base_path, tmp)  # (a local write error: LocalStateError)
+            download(handle, base_path, tmp, local=self.recovery)  # (local: LocalStateError)
             if self._empty() and sid_map == list(range(len(sid_map))):
                 return self._adopt(tmp, handle, key_groups)
             self._copy_from(tmp, key_groups, sid_map)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Collection, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from rocksdict import (
 from ..errors import FormatError, LocalStateError
 from ..keygroups import KeyGroupRange
 from ..process_identity import ProcessId
+from .local_recovery import LocalRecovery
 from .rocksdb_keys import kg_prefix, scan
 
 WRITE_BUFFER = 64 << 20  # memtable size: what one flush writes at most
@@ -78,6 +80,27 @@ OWNER_FILE = "OWNER"
 def owner_record() -> str:
     """What this process writes to the owner file of a working directory it creates."""
     return json.dumps(ProcessId.current().to_dict())
+
+
+def new_workdir(local_dir: str | None, kind: str = "") -> str:
+    """A new working directory (its name starting with :data:`WORKDIR_PREFIX` and ``kind``)
+    under ``local_dir`` (default: the temp directory) holding its owner record, made after
+    sweeping what is stale there: the working directories of dead processes
+    (:func:`sweep_stale`) and local recovery folders not written for a day
+    (:meth:`~dstl_ray.state.local_recovery.LocalRecovery.sweep`)."""
+    where = local_dir or tempfile.gettempdir()
+    with Io(where, "creating a working directory"):
+        os.makedirs(where, exist_ok=True)
+        sweep_stale(where)
+        LocalRecovery(where).sweep()
+        path = tempfile.mkdtemp(prefix=WORKDIR_PREFIX + kind, dir=where)
+        try:
+            with open(f"{path}/{OWNER_FILE}", "w") as f:
+                f.write(owner_record())
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)  # (no sweep takes it, ownerless)
+            raise
+    return path
 
 
 def sweep_stale(local_dir: str) -> list[str]:

@@ -17,13 +17,14 @@ from .ttl import STAMP_SIZE, alive
 
 
 def open_table(state_backend: str, key_groups: KeyGroupRange,
-               local_dir: str | None) -> StateTable:
+               local_dir: str | None, operator: str = "") -> StateTable:
     """A new, empty state table: ``"heap"`` (dicts) or ``"rocksdb"`` (a RocksDB in a working
-    directory of its own under ``local_dir``, default the system's temp directory)."""
+    directory of its own under ``local_dir``, default the system's temp directory; its
+    local recovery copies are ``operator``'s)."""
     if state_backend == "heap":
         return HeapStateTable(local_dir)
     if state_backend == "rocksdb":
-        return RocksDBStateTable(key_groups, local_dir)
+        return RocksDBStateTable(key_groups, local_dir, operator)
     raise StateError(f"state_backend must be one of {', '.join(STATE_BACKENDS)}, "
                      f"got {state_backend!r}")
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import os
 import uuid
 
 import pytest
 
 import dstl_ray as d
+from dstl_ray.state.local_recovery import ROOT
 from dstl_ray.storage.deleter import flush_deletes
 from dstl_ray.storage.registry import get_storage
 
@@ -27,6 +29,12 @@ class FailingTransport(d.DirectTransport):
         f = concurrent.futures.Future()
         f.set_exception(d.StorageError("injected: DFS unavailable"))
         return f
+
+
+def workdirs(local) -> list[str]:
+    """The rocksdb tables' working directories under ``local`` (the local recovery copies,
+    which outlive the tables on purpose, left out)."""
+    return sorted(n for n in os.listdir(local) if n != ROOT)
 
 
 def client(job: str, base: str, transport=None) -> d.StateChangelogClient:

@@ -31,7 +31,7 @@ from dstl_ray.format.incremental import (
 from dstl_ray.state.rocksdb import RocksDBStateTable
 from dstl_ray.storage.registry import get_storage
 
-from ..ckpt_util import MAXP, client, files, new_base, referenced
+from ..ckpt_util import MAXP, client, files, new_base, referenced, workdirs
 
 FULL = d.KeyGroupRange(0, MAXP - 1)
 N = 50_000
@@ -50,8 +50,7 @@ def _fill(b, n=N, tag="v"):
         s.update(f"key-{i}", f"{tag}-{i}-" + "x" * 80)
 
 
-def _workdirs(local) -> list[str]:
-    return sorted(os.listdir(local))
+_workdirs = workdirs
 
 
 def test_a_second_materialization_with_1pct_changed_uploads_a_small_fraction(tmp_path):
@@ -154,11 +153,12 @@ def test_a_damaged_sst_fails_the_restore_naming_it(tmp_path, damage):
         st_.write_file(victim, bytes(data))
     else:
         st_.write_file(victim, bytes(data[:-10]))
+    elsewhere = tmp_path / "elsewhere"  # another machine: no local copy, every file fetched
     with pytest.raises(d.RestoreError) as ei:
-        _job(base, local)
+        _job(base, elsewhere)
     assert ei.value.path == victim and victim in str(ei.value)
     assert ei.value.checkpoint == cc.metadata_url
-    assert _workdirs(local) == []  # the failed restore removed its working directory
+    assert _workdirs(elsewhere) == []  # the failed restore removed its working directory
 
 
 @pytest.mark.parametrize("src,dst", [("rocksdb", "heap"), ("heap", "rocksdb")])
@@ -209,6 +209,7 @@ def test_a_local_disk_error_is_a_state_error_not_a_broken_checkpoint(tmp_path):
     b.materialize().result(timeout=60)
     coord.trigger_checkpoint().result()
     coord.shutdown()
+    local = tmp_path / "elsewhere"  # the restore downloads (no local copy there)
     code = textwrap.dedent(f"""
         import resource, signal, sys
         sys.path.insert(0, {os.getcwd()!r})

@@ -17,7 +17,7 @@ from dstl_ray.errors import LocalStateError
 from dstl_ray.state import rocksdb as rocksdb_mod
 from dstl_ray.storage.registry import get_storage
 
-from ..ckpt_util import MAXP, client, new_base
+from ..ckpt_util import MAXP, client, new_base, workdirs
 
 
 def _keys_in(lo: int, hi: int, n: int, tag: str) -> list[str]:
@@ -119,7 +119,7 @@ def test_a_disk_error_while_the_restored_files_become_the_database_leaves_no_dir
     b.materialize().result(timeout=60)
     coord.trigger_checkpoint().result()
     coord.shutdown()
-    assert os.listdir(local) == []
+    assert workdirs(local) == []
 
     real_open = rocksdb_mod.open_db
 
@@ -134,7 +134,7 @@ def test_a_disk_error_while_the_restored_files_become_the_database_leaves_no_dir
     monkeypatch.setattr(rocksdb_mod, "open_db", full_disk)
     with pytest.raises(d.StateError):
         _restore("job", base, local, 1)
-    assert os.listdir(local) == []
+    assert workdirs(local) == []
 
 
 def test_a_failed_rename_of_the_restored_files_is_a_local_error_and_leaves_no_directory(
@@ -154,4 +154,4 @@ def test_a_failed_rename_of_the_restored_files_is_a_local_error_and_leaves_no_di
     monkeypatch.setattr(rocksdb_mod.os, "rename", rename)
     with pytest.raises(LocalStateError):
         _restore("job", base, local, 1)
-    assert os.listdir(local) == []
+    assert workdirs(local) == []

@@ -25,7 +25,7 @@ from dstl_ray.state.rocksdb import RocksDBStateTable
 from dstl_ray.state.rocksdb_keys import key_group_bounds
 from dstl_ray.state.table import StateTable
 
-from ..ckpt_util import MAXP, client
+from ..ckpt_util import MAXP, client, workdirs
 
 KGS = KeyGroupRange(0, 7)
 VALUE, LIST, MAP = 0, 1, 2
@@ -348,7 +348,7 @@ def test_backend_on_rocksdb_equals_heap_through_materialization_and_restore(tmp_
         dumps[name], snaps[name] = b.dump(), b.snapshot().result(timeout=30)
         b.close()
     assert dumps["rocksdb"] == dumps["heap"]
-    assert os.listdir(tmp_path / "local") == []  # the working directory went on close
+    assert workdirs(tmp_path / "local") == []  # the working directory went on close
     # each snapshot restores on either table (the files do not know the table)
     for src_name, snap in snaps.items():
         for name in ("heap", "rocksdb"):
@@ -356,7 +356,7 @@ def test_backend_on_rocksdb_equals_heap_through_materialization_and_restore(tmp_
             r = backend(base, tmp_path, name, restore=[src])
             assert r.dump() == dumps["heap"], (src_name, name)
             r.close()
-    assert os.listdir(tmp_path / "local") == []
+    assert workdirs(tmp_path / "local") == []
 
 
 @pytest.mark.parametrize("name", ["heap", "rocksdb"])
