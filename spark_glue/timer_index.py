@@ -145,7 +145,7 @@ class RocksDBTimerIndex:
     top against the database and moves it to the key group's real earliest."""
 
     def __init__(self, key_of: Callable[[bytes], Any], local_dir: str | None = None) -> None:
-        self.path = new_workdir(local_dir, "timers-")
+        self.path = new_workdir(local_dir, "timers-", "the timer index's working directory")
         self._key_of = key_of
         self._heads: dict[str, dict[int, int]] = {EVENT: {}, PROCESSING: {}}
         self._heaps: dict[str, list[tuple[int, int]]] = {EVENT: [], PROCESSING: []}

@@ -239,7 +239,7 @@ def download(handle: RocksDBHandle, base_path: str, dest: str,
         url = join(root, f.path)
         st = storage or get_storage(url)
         tail = st.read_range(url, f.size - 1, 2) if f.size else b""
-        if f.size and not tail and not st.exists(url):
+        if not tail and not st.exists(url):
             raise StorageError(f"file not found: {url} (RocksDB {f.name})")
         if len(tail) != min(f.size, 1):
             raise FormatError(f"file is {'longer' if len(tail) > 1 else 'shorter'} than the "

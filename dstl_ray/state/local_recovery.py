@@ -3,8 +3,9 @@ a secondary copy of the latest snapshot on the task's own disk, restored from wh
 comes back on the same machine, the DFS copy being the primary).
 
 After each materialization uploads its SST files (:mod:`dstl_ray.state.incremental`), the
-table hard-links them under a per-machine directory (mode 0700, refused unless this user owns
-it), one folder per job (its normalized DFS directory), operator and key-group range, each
+table hard-links them under a per-machine, per-user directory (mode 0700; a link, or one
+another user owns, turns the feature off, and the sweep never follows a link), one folder per
+job (its normalized DFS directory), operator and key-group range, each
 file named by its upload's name (``mat/<uuid>.sst`` -> ``<uuid>.sst``: a name never reused,
 so a name identifies the bytes). The links share the database's inodes: they cost no space
 until compaction deletes the database's own names. A folder keeps the files of its range's
@@ -23,6 +24,7 @@ next table created under the same local directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -30,7 +32,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from urllib.parse import quote
 
 from ..format.incremental import RocksDBHandle, UploadedFile
@@ -39,7 +41,7 @@ from ..storage.base import normalize_url
 
 log = logging.getLogger(__name__)
 
-ROOT = "dstl-local-recovery"  # under the table's local directory
+ROOT = "dstl-local-recovery"  # under the table's local directory, + "-<uid>"
 MAX_AGE_S = 24 * 3600.0
 
 
@@ -49,7 +51,7 @@ class LocalRecovery:
 
     def __init__(self, local_dir: str, operator: str = "",
                  clock: Callable[[], float] = time.time) -> None:
-        self.root = os.path.join(local_dir, ROOT)
+        self.root = os.path.join(local_dir, f"{ROOT}-{os.getuid()}")
         self._operator = operator
         self._clock = clock
         self._previous: dict[str, frozenset[str]] = {}  # folder -> the last handle's names
@@ -63,12 +65,19 @@ class LocalRecovery:
         name = quote(url.rsplit("/", 1)[-1], safe="")[:48]
         return os.path.join(self.root, f"{name}-{tag}", f"{key_groups.start}-{key_groups.end}")
 
-    def _root_ok(self) -> bool:
-        """The root exists as this user's own private directory (a shared temp directory:
-        another user must not read our state, nor plant files for a restore)."""
+    def _root_ok(self, create: bool = True) -> bool:
+        """The root is this user's own private directory, not a link (a shared temp
+        directory: another user must not read our state, plant files for a restore, or
+        point a sweep elsewhere); one of ours open to others is made private again."""
         try:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            if create:
+                os.makedirs(self.root, mode=0o700, exist_ok=True)
             st = os.lstat(self.root)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+                os.chmod(self.root, 0o700)  # (files in it are checked by CRC all the same)
+                st = os.lstat(self.root)
+        except FileNotFoundError:
+            return False
         except OSError as e:
             log.warning("local recovery off: %s: %s", self.root, e)
             return False
@@ -147,29 +156,30 @@ class LocalRecovery:
                 linked.add(f.name)
             else:
                 os.unlink(dst)
+                with contextlib.suppress(OSError):
+                    os.unlink(src)  # (not read again by every restore until the next keep)
         self._previous[folder] = frozenset(self._name(f) for f in handle.ssts)
         self.taken += len(linked)
         return linked
 
     def sweep(self) -> list[str]:
-        """Delete the folders not written for :data:`MAX_AGE_S`; returns them."""
-        gone = []
-        for job in _listdir(self.root):
-            job_dir = os.path.join(self.root, job)
-            for rng in _listdir(job_dir):
-                path = os.path.join(job_dir, rng)
+        """Delete the folders not written for :data:`MAX_AGE_S`; returns them. Only in a
+        root of this user's own, and never through a link."""
+        gone: list[str] = []
+        if not self._root_ok(create=False):
+            return gone
+        for job in _dirs(self.root):
+            for rng in _dirs(job.path):
                 try:
-                    old = self._clock() - os.stat(path).st_mtime > MAX_AGE_S
+                    old = self._clock() - rng.stat(follow_symlinks=False).st_mtime > MAX_AGE_S
                 except OSError:
                     continue
                 if old:
-                    shutil.rmtree(path, ignore_errors=True)
-                    gone.append(path)
-            if not _listdir(job_dir):
-                try:
-                    os.rmdir(job_dir)
-                except OSError:
-                    pass
+                    shutil.rmtree(rng.path, ignore_errors=True)
+                    gone.append(rng.path)
+            if not _dirs(job.path):
+                with contextlib.suppress(OSError):
+                    os.rmdir(job.path)
         return gone
 
 
@@ -180,8 +190,10 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _listdir(path: str) -> Iterable[str]:
+def _dirs(path: str) -> list[os.DirEntry[str]]:
+    """The real directories (not links) in ``path``."""
     try:
-        return os.listdir(path)
+        with os.scandir(path) as it:
+            return [e for e in it if e.is_dir(follow_symlinks=False)]
     except OSError:
         return []

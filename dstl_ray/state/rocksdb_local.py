@@ -82,14 +82,15 @@ def owner_record() -> str:
     return json.dumps(ProcessId.current().to_dict())
 
 
-def new_workdir(local_dir: str | None, kind: str = "") -> str:
+def new_workdir(local_dir: str | None, kind: str = "", what: str = "a working directory"
+                ) -> str:
     """A new working directory (its name starting with :data:`WORKDIR_PREFIX` and ``kind``)
     under ``local_dir`` (default: the temp directory) holding its owner record, made after
     sweeping what is stale there: the working directories of dead processes
     (:func:`sweep_stale`) and local recovery folders not written for a day
-    (:meth:`~dstl_ray.state.local_recovery.LocalRecovery.sweep`)."""
+    (:meth:`~dstl_ray.state.local_recovery.LocalRecovery.sweep`). Errors name ``what``."""
     where = local_dir or tempfile.gettempdir()
-    with Io(where, "creating a working directory"):
+    with Io(where, f"creating {what}"):
         os.makedirs(where, exist_ok=True)
         sweep_stale(where)
         LocalRecovery(where).sweep()

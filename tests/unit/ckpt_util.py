@@ -34,7 +34,7 @@ class FailingTransport(d.DirectTransport):
 def workdirs(local) -> list[str]:
     """The rocksdb tables' working directories under ``local`` (the local recovery copies,
     which outlive the tables on purpose, left out)."""
-    return sorted(n for n in os.listdir(local) if n != ROOT)
+    return sorted(n for n in os.listdir(local) if not n.startswith(ROOT))
 
 
 def client(job: str, base: str, transport=None) -> d.StateChangelogClient:

@@ -14,7 +14,7 @@ import pytest
 
 import dstl_ray as d
 from dstl_ray.format.incremental import RocksDBHandle, UploadedFile
-from dstl_ray.state.local_recovery import MAX_AGE_S, ROOT, LocalRecovery
+from dstl_ray.state.local_recovery import MAX_AGE_S, LocalRecovery
 from dstl_ray.storage.registry import get_storage
 
 from ..ckpt_util import MAXP, client, new_base
@@ -35,10 +35,14 @@ def _fill(b, n=N, tag="v"):
         s.update(f"key-{i}", f"{tag}-{i}-" + "x" * 60)
 
 
+def _root(local) -> str:
+    return LocalRecovery(str(local)).root
+
+
 def _kept(local) -> dict[str, int]:
     """Every file of the local recovery copies: name -> inode."""
     out = {}
-    for dp, _, fs in os.walk(os.path.join(local, ROOT)):
+    for dp, _, fs in os.walk(_root(local)):
         for f in fs:
             out[f] = os.stat(os.path.join(dp, f)).st_ino
     return out
@@ -101,27 +105,38 @@ def test_a_checkpoint_after_a_local_restore_restores_on_another_machine(tmp_path
     coord.shutdown()
 
 
-def test_a_damaged_local_copy_is_downloaded_instead(tmp_path):
+@pytest.mark.parametrize("damage", ["short", "flipped"])
+def test_a_damaged_local_copy_is_downloaded_instead(tmp_path, damage):
     base, local, h, want = _materialized(tmp_path)
-    folder = next(dp for dp, _, fs in os.walk(os.path.join(local, ROOT)) if fs)
-    short, flipped = (os.path.join(folder, os.path.basename(f.path)) for f in h.ssts[:2]) \
-        if len(h.ssts) > 1 else (os.path.join(folder, os.path.basename(h.ssts[0].path)), None)
-    # a link shares its bytes with the database that wrote them: replace, never edit
-    data = Path(short).read_bytes()
-    os.unlink(short)
-    with open(short, "wb") as f:
-        f.write(data[:-10])
-    damaged = 1
-    if flipped is not None:
-        data = bytearray(Path(flipped).read_bytes())
+    folder = next(dp for dp, _, fs in os.walk(_root(local)) if fs)
+    name = os.path.join(folder, os.path.basename(h.ssts[0].path))
+    data = bytearray(Path(name).read_bytes())
+    if damage == "short":
+        data = data[:-10]
+    else:  # the same size: only the CRC32C tells
         data[len(data) // 2] ^= 1
-        os.unlink(flipped)
-        with open(flipped, "wb") as f:
-            f.write(bytes(data))
-        damaged = 2
+    os.unlink(name)  # a link shares its bytes with the database that wrote them: replace
+    Path(name).write_bytes(bytes(data))
     coord, (r,) = _job(base, local)
-    assert r._table.recovery.taken == len(h.ssts) - damaged
+    assert r._table.recovery.taken == len(h.ssts) - 1
     assert r.dump() == want
+    assert not os.path.exists(name)  # dropped: not checked again by every restore
+    coord.shutdown()
+
+
+def test_a_restore_keeps_its_generation_through_the_next_materialization(tmp_path):
+    """A restore, then a materialization whose checkpoint never completes: the next
+    restore (of the same checkpoint) still finds the restored files here."""
+    base, local, h, want = _materialized(tmp_path)
+    coord, (r,) = _job(base, local)
+    _fill(r, N, tag="again")
+    r._table._db.compact_range(None, None)  # new files only
+    h2 = r.materialize(force=True).result(timeout=60)
+    assert not {f.path for f in h2.ssts} & {f.path for f in h.ssts}
+    coord.abandon()  # no checkpoint names h2
+    r.close()
+    coord, (again,) = _job(base, local)
+    assert again._table.recovery.taken == len(h.ssts) and again.dump() == want
     coord.shutdown()
 
 
@@ -139,8 +154,7 @@ def test_another_machine_downloads_and_the_folder_keeps_only_the_latest(tmp_path
     assert set(_kept(local)) == {os.path.basename(f.path) for f in h1.ssts}
 
 
-def test_an_unreadable_local_copy_is_downloaded_and_a_damaged_one_replaced(tmp_path,
-                                                                           monkeypatch):
+def test_an_unreadable_local_copy_is_downloaded(tmp_path, monkeypatch):
     base, local, h, want = _materialized(tmp_path)
     from dstl_ray.state import incremental
 
@@ -150,15 +164,21 @@ def test_an_unreadable_local_copy_is_downloaded_and_a_damaged_one_replaced(tmp_p
     monkeypatch.setattr(incremental, "file_crc32c", broken)
     coord, (r,) = _job(base, local)
     assert r._table.recovery.taken == 0 and r.dump() == want
-    monkeypatch.undo()
-    # a damaged copy (a new inode in its place) is replaced by the next materialization
-    folder = next(dp for dp, _, fs in os.walk(os.path.join(local, ROOT)) if fs)
+    coord.shutdown()
+
+
+def test_a_damaged_copy_is_replaced_by_the_next_materialization(tmp_path):
+    base, local = new_base(tmp_path), tmp_path / "local"
+    local.mkdir()
+    coord, (b,) = _job(base, local)
+    _fill(b)
+    h = b.materialize(force=True).result(timeout=60)
+    folder = next(dp for dp, _, fs in os.walk(_root(local)) if fs)
     name = os.path.join(folder, os.path.basename(h.ssts[0].path))
     os.unlink(name)
-    with open(name, "wb") as f:
-        f.write(b"garbage")
-    r.value_state("s").update("x", 1)
-    h2 = r.materialize(force=True).result(timeout=60)
+    Path(name).write_bytes(b"garbage")  # another inode at the copy's name
+    b.value_state("s").update("x", 1)
+    h2 = b.materialize(force=True).result(timeout=60)
     assert h.ssts[0].path in {f.path for f in h2.ssts}
     assert os.path.getsize(name) == h.ssts[0].size
     coord.shutdown()
@@ -185,21 +205,38 @@ def test_a_folder_keeps_two_materializations_per_operator(tmp_path):
     kept = set(_kept(local))
     names = [{os.path.basename(f.path) for f in h.ssts} for h in hs]
     assert names[1] | names[2] <= kept and not names[0] & kept
-    assert len(os.listdir(os.path.join(local, ROOT))) == 2  # one folder per operator
+    assert len(os.listdir(_root(local))) == 2  # one folder per operator
     a.close()
     b.close()
     coord.shutdown()
 
 
-def test_a_root_that_is_not_private_turns_local_recovery_off(tmp_path):
+def test_a_root_open_to_others_is_made_private_and_a_linked_root_is_refused(tmp_path):
     local = tmp_path / "local"
-    (local / ROOT).mkdir(parents=True, mode=0o755)
-    os.chmod(local / ROOT, 0o755)
+    root = Path(_root(local))
+    root.mkdir(parents=True)
+    os.chmod(root, 0o755)  # ours, but readable by others: made private again
     base, local, h, want = _materialized(tmp_path)
-    assert _kept(local) == {}
-    coord, (r,) = _job(base, local)
-    assert r._table.recovery.taken == 0 and r.dump() == want
-    coord.shutdown()
+    assert os.stat(root).st_mode & 0o777 == 0o700 and len(_kept(local)) == len(h.ssts)
+    # a root that is a link (another user could point it anywhere) turns the feature off
+    other = tmp_path / "other-local"
+    Path(_root(other)).parent.mkdir(parents=True)
+    os.symlink(root, _root(other))
+    rec = LocalRecovery(str(other))
+    assert rec.take(h, f"{base}/job", str(tmp_path), lambda f, p: True) == set()
+    assert rec.sweep() == []
+
+
+def test_the_sweep_never_follows_a_link(tmp_path):
+    victim = tmp_path / "victim" / "0-127"
+    victim.mkdir(parents=True)
+    (victim / "data").write_text("keep me")
+    old = os.stat(victim).st_mtime
+    rec = LocalRecovery(str(tmp_path / "local"), clock=lambda: old + MAX_AGE_S + 1)
+    os.makedirs(rec.root, mode=0o700)
+    os.symlink(tmp_path / "victim", os.path.join(rec.root, "planted"))
+    assert rec.sweep() == []
+    assert (victim / "data").read_text() == "keep me"
 
 
 def test_a_job_of_the_same_id_elsewhere_never_takes_anothers_files(tmp_path):
@@ -232,7 +269,7 @@ def test_a_rescale_drops_overlapping_ranges_and_old_folders_are_swept(tmp_path):
     rec.keep(str(ckpt), _handle("job", 0, 63, ["a"]), url)
     rec.keep(str(ckpt), _handle("job", 64, 127, ["b"]), url)
     rec.keep(str(ckpt), _handle("job", 0, 42, ["c"]), url)  # rescaled 2 -> 3
-    job_dir = os.path.join(tmp_path, ROOT, os.listdir(os.path.join(tmp_path, ROOT))[0])
+    job_dir = os.path.join(rec.root, os.listdir(rec.root)[0])
     assert sorted(os.listdir(job_dir)) == ["0-42", "64-127"]
     assert os.listdir(os.path.join(job_dir, "0-42")) == ["c.sst"]
     dest = tmp_path / "dest"
@@ -241,4 +278,4 @@ def test_a_rescale_drops_overlapping_ranges_and_old_folders_are_swept(tmp_path):
     assert got == {"b.sst"} and (dest / "b.sst").read_bytes() == b"b"
     now[0] = os.stat(os.path.join(job_dir, "0-42")).st_mtime + MAX_AGE_S + 1
     assert len(rec.sweep()) == 2
-    assert os.listdir(os.path.join(tmp_path, ROOT)) == []
+    assert os.listdir(rec.root) == []
