@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import signal
+import subprocess
 import time
 from typing import Any
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def run_in_group(cmd: list[str], log: str, timeout_s: float, env: dict[str, str],
+                 cwd: str) -> int | None:
+    """Run ``cmd`` in a process group of its own (output to ``log``) and return its exit
+    code (None: killed at ``timeout_s``). Whatever of the group outlives it goes too: a
+    Spark JVM was seen hanging on at half a core after its Python process had exited, and
+    would slow every later measurement."""
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return rc
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:

@@ -40,8 +40,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -49,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import percentile
-from .large_state_spark import REPO, _progress, listing, write_inputs
+from .large_state_spark import _progress, in_child, listing, workload_parser, write_inputs
 
 NS = "large-state-op"
 PARALLELISM = 4
@@ -277,46 +275,17 @@ def run_operator(keys: int, value_bytes: int, rounds: int, update_fraction: floa
     and Spark session); returns the row, with ``error`` set if the run did not complete."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
-    out, log = work / "operator-result.json", work / "operator.log"
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "experiments.large_state_operator", "--child", str(out),
-           "--keys", str(keys), "--value-bytes", str(value_bytes), "--rounds", str(rounds),
-           "--update-fraction", str(update_fraction), "--workdir", str(work),
-           "--seed", str(seed), "--executor-memory", executor_memory,
-           "--timeout-s", str(timeout_s)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    t0 = time.perf_counter()
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-    res: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {
-        "backend": "dstl-ray-operator-rocksdb", "keys": keys, "phase": "start"}
-    res["run_s"] = round(time.perf_counter() - t0, 1)
-    if rc != 0 and "error" not in res:
-        why = f"timed out after {timeout_s:.0f}s" if rc is None else f"exited with {rc}"
-        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-        res["error"] = f"operator process {why} during {res.get('phase')} at keys={keys}: {tail}"
-    return res
+    return in_child("experiments.large_state_operator", [
+        "--keys", str(keys), "--value-bytes", str(value_bytes), "--rounds", str(rounds),
+        "--update-fraction", str(update_fraction), "--workdir", str(work), "--seed", str(seed),
+        "--executor-memory", executor_memory, "--timeout-s", str(timeout_s)],
+        work / "operator", "dstl-ray-operator-rocksdb", keys, timeout_s)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--keys", type=int, default=200_000)
-    p.add_argument("--value-bytes", type=int, default=100)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--update-fraction", type=float, default=0.01)
-    p.add_argument("--workdir", default="")
-    p.add_argument("--seed", type=int, default=0)
+    p = workload_parser(__doc__)
     p.add_argument("--executor-memory", default="2g")
     p.add_argument("--timeout-s", type=float, default=7200.0)
-    p.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         _child(a)

@@ -57,14 +57,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .common import percentile
+from .common import percentile, run_in_group
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
@@ -98,34 +96,14 @@ def run_spark(keys: int, value_bytes: int, rounds: int, update_fraction: float,
         raise ValueError(f"update_fraction must be in (0, 1], got {update_fraction}")
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
-    out, log = work / "spark-result.json", work / "spark.log"
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "experiments.large_state_spark", "--child", str(out),
-           "--keys", str(keys), "--value-bytes", str(value_bytes), "--rounds", str(rounds),
-           "--update-fraction", str(update_fraction), "--parallelism", str(parallelism),
-           "--workdir", str(work), "--seed", str(seed), "--driver-memory", driver_memory,
-           "--maintenance-s", str(maintenance_s)]
-    cmd += ["--keep"] if keep else []
-    cmd += [] if settle else ["--no-settle"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
-    t0 = time.perf_counter()
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own group: the JVM goes too
-        try:
-            rc: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = None
-    res: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {
-        "backend": "spark-rocksdb", "keys": keys, "phase": "start"}
-    res["run_s"] = round(time.perf_counter() - t0, 1)
-    if rc != 0 and "error" not in res:
-        why = f"timed out after {timeout_s:.0f}s" if rc is None else f"exited with {rc}"
-        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
-        res["error"] = f"Spark process {why} during {res.get('phase')} at keys={keys}: {tail}"
+    args = ["--keys", str(keys), "--value-bytes", str(value_bytes), "--rounds", str(rounds),
+            "--update-fraction", str(update_fraction), "--parallelism", str(parallelism),
+            "--workdir", str(work), "--seed", str(seed), "--driver-memory", driver_memory,
+            "--maintenance-s", str(maintenance_s)]
+    args += ["--keep"] if keep else []
+    args += [] if settle else ["--no-settle"]
+    res = in_child("experiments.large_state_spark", args, work / "spark", "spark-rocksdb",
+                   keys, timeout_s)
     if not keep:
         for d in ("staging", "input", "chk", "local"):
             shutil.rmtree(work / d, ignore_errors=True)
@@ -147,6 +125,28 @@ def _write_parquet(path: Path, ks: Any, value_bytes: int, rng: Any,
             v = pa.Array.from_buffers(pa.binary(), len(k), [
                 None, pa.py_buffer(offsets), pa.py_buffer(rng.bytes(len(k) * value_bytes))])
             w.write_table(pa.table({"k": pa.array(k, pa.int64()), "v": v}, schema=schema))
+
+
+def in_child(module: str, args: list[str], prefix: Path, backend: str, keys: int,
+             timeout_s: float) -> dict[str, Any]:
+    """Run ``module``'s measurement (``--child RESULT`` plus ``args``) in a process group of
+    its own, its log at ``prefix.log``; the row it wrote (partial if it failed), with
+    ``run_s``, and ``error`` saying what failed at which phase if it did not exit cleanly."""
+    out, log = prefix.with_suffix(".result.json"), prefix.with_suffix(".log")
+    out.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    t0 = time.perf_counter()
+    rc = run_in_group([sys.executable, "-m", module, "--child", str(out), *args], str(log),
+                      timeout_s, env, str(REPO))
+    res: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {
+        "backend": backend, "keys": keys, "phase": "start"}
+    res["run_s"] = round(time.perf_counter() - t0, 1)
+    if rc != 0 and "error" not in res:
+        why = f"timed out after {timeout_s:.0f}s" if rc is None else f"exited with {rc}"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+        res["error"] = f"{module} {why} during {res.get('phase')} at keys={keys}: {tail}"
+    return res
 
 
 def keys_per_update(keys: int, update_fraction: float) -> int:
@@ -443,22 +443,29 @@ def _child(a: argparse.Namespace) -> None:
                     shutil.rmtree(d, ignore_errors=True)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_parser(doc: str) -> argparse.ArgumentParser:
+    """The workload's arguments (this module's and ``experiments.large_state_operator``'s),
+    and the child's hidden ``--child RESULT``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--keys", type=int, default=200_000)
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--update-fraction", type=float, default=0.01)
-    p.add_argument("--parallelism", type=int, default=4)
     p.add_argument("--workdir", default="")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--child", default="", help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> None:
+    p = workload_parser(__doc__)
+    p.add_argument("--parallelism", type=int, default=4)
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--maintenance-s", type=int, default=60,
                    help="state store maintenance interval (Spark's default: 60 s)")
     p.add_argument("--no-settle", dest="settle", action="store_false",
                    help="restart without waiting for the snapshot upload")
     p.add_argument("--keep", action="store_true", help="keep input and checkpoint files")
-    p.add_argument("--child", default="", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         _child(a)
