@@ -185,13 +185,12 @@ class SstUploads:
 
 
 def download(handle: RocksDBHandle, base_path: str, dest: str,
-             storage: Storage | None = None, local: LocalRecovery | None = None) -> int:
+             storage: Storage | None = None, local: LocalRecovery | None = None) -> None:
     """Lay ``handle``'s files out in the new directory ``dest`` as a RocksDB database,
     fetching at most :data:`PARALLEL` at once; with ``local``, the SST files kept on this
     machine are hard-linked instead (task-local recovery). Every file's size and CRC32C is
     checked; a file that is missing, short or corrupt raises an error naming its URL
-    (:class:`~dstl_ray.errors.StorageError` or :class:`~dstl_ray.errors.FormatError`).
-    Returns how many SST files came from the local copy."""
+    (:class:`~dstl_ray.errors.StorageError` or :class:`~dstl_ray.errors.FormatError`)."""
     root = join(base_path, handle.job)
     _local(dest, os.makedirs, dest)
 
@@ -252,7 +251,6 @@ def download(handle: RocksDBHandle, base_path: str, dest: str,
     bundle_url = join(root, handle.bundle.path)
     for name, data in decode_bundle(fetch(handle.bundle), bundle_url):
         _write_local(os.path.join(dest, name), data)
-    return len(here)
 
 
 def _local(path: str, fn: Callable[..., Any], *args: Any) -> Any:

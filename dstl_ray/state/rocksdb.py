@@ -12,9 +12,9 @@ Materialization is incremental (:mod:`dstl_ray.state.incremental`): a local Rock
 checkpoint whose SST files not uploaded before are uploaded. A restore downloads a handle's
 files (those of a materialization on this machine hard-linked from its local copy:
 :mod:`dstl_ray.state.local_recovery`) and, for the first one, opens them as the database
-and drops the key groups outside its range with ``delete_range`` (Flink's restore of incremental RocksDB state); any further
-handle (a rescale that merges subtasks) is copied over key group by key group. Views for
-savepoints are RocksDB checkpoints opened read-only.
+and drops the key groups outside its range with ``delete_range`` (Flink's restore of
+incremental RocksDB state); any further handle (a rescale that merges subtasks) is copied
+over key group by key group. Views for savepoints are RocksDB checkpoints opened read-only.
 
 Errors of RocksDB or of the file system (a full disk, an I/O error, a table used after
 close) raise :class:`~dstl_ray.errors.LocalStateError` naming the directory.
