@@ -102,6 +102,15 @@ def assign_key_groups(keys: Iterable[object], max_parallelism: int
     return out
 
 
+def key_group_and_input(key: object, max_parallelism: int) -> tuple[int, bytes]:
+    """``(key group, hash input)`` of one key (:func:`assign_key_groups` of one): for an
+    ``int`` or ``str`` key the hash input is also its tagged encoding, so a per-key state
+    access encodes such a key once."""
+    data = hash_input(key)
+    return (int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+            % max_parallelism, data)
+
+
 class _LastKey:
     """The last ``str``/``int``/``bytes`` key :func:`assign_key_group` hashed, with its
     answer: a per-key update reads and writes several states of one key in a row, each

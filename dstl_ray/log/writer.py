@@ -19,6 +19,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
+from operator import itemgetter
 
 from ..errors import DstlError, InvalidValueError, KeyGroupError, SqnError, WriterClosedError
 from ..format.changelog import Changeset, encode_section
@@ -118,8 +119,8 @@ class StateChangelogWriter:
             self._sqn += 1
             entries = tuple(self._open)
             self._changesets[self._sqn] = Changeset(self._sqn, entries)
-            self._sizes[self._sqn] = sum(len(v) for _, v in entries) + ENTRY_OVERHEAD * len(
-                entries)
+            self._sizes[self._sqn] = (sum(map(len, map(itemgetter(1), entries)))
+                                      + ENTRY_OVERHEAD * len(entries))
             self._open = []
 
     def last_appended_sqn(self) -> int:

@@ -12,12 +12,27 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
-from ..keygroups import assign_key_group, assign_key_groups
-from .records import Op, StateKind, TaggedSerializer, encode, encode_value_changes, join_items
+from ..keygroups import assign_key_group, assign_key_groups, key_group_and_input
+from .records import (
+    HDR,
+    RECORD_VERSION,
+    Op,
+    StateKind,
+    TaggedSerializer,
+    encode,
+    encode_value_changes,
+    join_items,
+)
 from .table import StateTable
 from .ttl import STAMP_SIZE, alive, now_ms, stamp
 
 UPDATE_CHUNK = 4096  # keys of a columnar update logged together (bounded unsent memory)
+# keys whose (key group, serialized key) a backend remembers for the next access: immutable,
+# matched by identity (the same object, so the same value and type: 1, True and 1.0 stay
+# three keys), as assign_key_group's own memo
+_MEMO = (str, int, bytes)
+_HEAD, _VSET = HDR.pack, int(Op.VALUE_SET)  # a VALUE_SET record's header (records.encode)
+NO_REF: tuple[Any, tuple[int, bytes]] = (object(), (-1, b""))  # a backend's memo, empty
 
 
 class _State:
@@ -27,11 +42,21 @@ class _State:
 
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
-        kg, r = assign_key_group(key, b.max_parallelism), b.key_group_range
+        last = b._last_ref
+        if last[0] is key:  # the key of the previous access (a read, then its update)
+            return last[1]
+        t = type(key)
+        if (t is int or t is str) and type(b._ser) is TaggedSerializer:
+            ref = key_group_and_input(key, b.max_parallelism)  # the input is its encoding
+        else:
+            ref = assign_key_group(key, b.max_parallelism), b._ser.serialize(key)
+        kg, r = ref[0], b.key_group_range
         if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
                                 f"range {r.start}..{r.end}")
-        return kg, b._ser.serialize(key)
+        if t in _MEMO:
+            b._last_ref = (key, ref)
+        return ref
 
     @property
     def _vs(self) -> Any:
@@ -92,6 +117,8 @@ class ValueState(_State):
         v = self._t.get_value(self._sid, kg, k)
         if v is None:
             return default
+        if self._b._ttls[self._sid] is None:
+            return self._vs.deserialize(v)
         return self._read(v, default, *self._ttl(), self._vs.deserialize)
 
     @staticmethod
@@ -108,10 +135,12 @@ class ValueState(_State):
             self.clear(key)
             return
         kg, k = self._kg(key)
+        sid = self._sid
         v = self._stamped(self._vs.serialize(value))
+        rec = _HEAD(RECORD_VERSION, _VSET, sid, len(k)) + k + v
         with self._b._lock:
-            self._log(kg, encode(Op.VALUE_SET, self._sid, k, v))
-            self._t.set_value(self._sid, kg, k, v)
+            self._b._writer.append(kg, rec)
+            self._t.set_value(sid, kg, k, v)
 
     # columnar access (spark_glue's vectorized API): the same semantics as value() and
     # update() per key, with the key groups and serialized keys computed once per chunk

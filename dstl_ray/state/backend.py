@@ -36,7 +36,7 @@ from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from ..storage.deleter import background_deleter
 from ..storage.registry import get_storage
-from .access import _STATE_CLASSES, ListState, MapState, ValueState, _State
+from .access import _STATE_CLASSES, NO_REF, ListState, MapState, ValueState, _State
 from .evolution import Reshapes
 from .files import SnapshotFiles, write_full
 from .names import StateNames
@@ -91,6 +91,7 @@ class ChangelogKeyedStateBackend:
         # processing time of state TTL, in seconds since the epoch: stamps outlive processes
         self._ttl_clock = ttl_clock
         self._ser: Serializer = serializer or TaggedSerializer()
+        self._last_ref = NO_REF  # the last key accessed, with its key group and bytes (access)
         self._pool = executor or _POOL
         self._storage = get_storage(self.job_path)
         # deletes decided under our lock or on a delivery thread run here (deleter.py)

@@ -1,11 +1,15 @@
 """A per-key update reads and writes several states of one key in a row: the key is hashed
-once (keygroups.assign_key_group remembers the last key object), and keys that are equal but
-not the same key (1, True and 1.0 are three keys) are never confused."""
+and encoded once (the backend remembers the last key object with its key group and bytes),
+and keys that are equal but not the same key (1, True and 1.0 are three keys) are never
+confused."""
 
 from __future__ import annotations
 
+import pytest
+
 import dstl_ray as d
 from dstl_ray import keygroups
+from dstl_ray.state.records import TaggedSerializer
 
 from ..ckpt_util import MAXP, client, new_base
 
@@ -18,8 +22,8 @@ def _backend() -> d.ChangelogKeyedStateBackend:
 
 def test_one_keys_states_hash_it_once(monkeypatch):
     calls = []
-    real = keygroups.stable_hash
-    monkeypatch.setattr(keygroups, "stable_hash", lambda key: calls.append(key) or real(key))
+    real = keygroups.hash_input
+    monkeypatch.setattr(keygroups, "hash_input", lambda key: calls.append(key) or real(key))
     b = _backend()
     try:
         count, total = b.value_state("count"), b.value_state("sum")
@@ -44,5 +48,42 @@ def test_equal_keys_of_other_types_stay_apart():
             v.update(key, value)
         assert [v.value(k) for k in (1, True, 1.0, b"1", "1")] == [
             "int", "bool", "float", "bytes", "str"]
+    finally:
+        b.close()
+
+
+def test_a_key_outside_the_range_is_refused_every_time():
+    b = d.ChangelogKeyedStateBackend(client("memo", new_base()), "op", d.KeyGroupRange(0, 0),
+                                     MAXP, materialization_interval=None)
+    try:
+        v = b.value_state("v")
+        key = next(k for k in (f"k{i}" for i in range(1000))
+                   if d.assign_key_group(k, MAXP) != 0)
+        for _ in range(2):
+            with pytest.raises(d.KeyGroupError, match="outside this backend's range"):
+                v.update(key, 1)
+        inside = next(k for k in (f"k{i}" for i in range(1000))
+                      if d.assign_key_group(k, MAXP) == 0)
+        v.update(inside, 1)
+        with pytest.raises(d.KeyGroupError):
+            v.value(key)
+        assert v.value(inside) == 1
+    finally:
+        b.close()
+
+
+def test_a_custom_serializer_still_encodes_the_key():
+    class Upper(TaggedSerializer):
+        def serialize(self, obj, _depth=0):
+            return super().serialize(obj.upper() if isinstance(obj, str) else obj, _depth)
+
+    b = d.ChangelogKeyedStateBackend(client("memo", new_base()), "op",
+                                     d.KeyGroupRange(0, MAXP - 1), MAXP,
+                                     materialization_interval=None, serializer=Upper())
+    try:
+        v = b.value_state("v")
+        v.update("a", 1)
+        assert v.ref("a")[1] == b"sA"  # the serializer's encoding, not the hash input
+        assert v.value("a") == 1 and list(v.keys()) == ["A"]
     finally:
         b.close()
