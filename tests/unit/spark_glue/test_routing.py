@@ -15,6 +15,7 @@ from spark_glue.routing import (
     PAYLOAD,
     ROUTE,
     SUBTASK,
+    chunks,
     group_by_key,
     read_payloads,
     route_values,
@@ -61,6 +62,39 @@ def test_split_sends_every_row_once_to_its_subtask(keys, p):
                 assert subtask_of(k, MAXP, p) == s
                 seen.append((k, a))
     assert sorted(seen) == sorted(zip(keys, range(len(keys)), strict=True))
+
+
+@given(st.lists(st.lists(st.integers(0, 9), max_size=12), max_size=8), st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_a_partitions_batches_split_as_one_chunk_keep_each_keys_row_order(sizes, p):
+    """Spark hands ``mapInArrow`` many small batches: they are split a chunk at a time, and
+    every subtask still gets each key's rows once, in the order they came."""
+    batches, n = [], 0
+    for keys in sizes:
+        batches.append(_batch(keys, list(range(n, n + len(keys)))))
+        n += len(keys)
+    out = list(splitter("user", MAXP, p, list(range(p)))(batches))
+    assert len(out) == (1 if n else 0)  # one chunk: one output batch
+    rows = []
+    for rb in out:
+        for r, s, payload in zip(*(c.to_pylist() for c in rb.columns), strict=True):
+            rows += [(s, *x.values()) for x in read_payloads(s, [(r, s, payload)]).to_pylist()]
+    assert sorted(a for _s, _k, a in rows) == list(range(n))
+    for s, k, _a in rows:
+        assert subtask_of(k, MAXP, p) == s
+    by_key = {}
+    for _s, k, a in rows:
+        by_key.setdefault(k, []).append(a)
+    assert all(v == sorted(v) for v in by_key.values())
+
+
+def test_chunks_gather_batches_up_to_a_row_or_byte_bound():
+    batches = [_batch(list(range(i, i + 10))) for i in range(0, 100, 10)] + [_batch([])]
+    got = list(chunks(batches, rows=25, size=1 << 30))
+    assert [t.num_rows for t in got] == [30, 30, 30, 10]
+    assert sum((t.column("user").to_pylist() for t in got), []) == list(range(100))
+    assert [t.num_rows for t in chunks(batches, rows=10**9, size=1)] == [10] * 10
+    assert list(chunks([_batch([])])) == []
 
 
 def _count_and_sum(pdf):
