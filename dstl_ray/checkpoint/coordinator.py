@@ -297,10 +297,8 @@ class CheckpointCoordinator:
             self._in_progress.add(checkpoint_id)
         self.registry.checkpoint_started(checkpoint_id)
         try:
-            # in the caller's thread: the snapshots are all here, and a hop to the finisher
-            # and back costs two thread wake-ups on the checkpoint's path (a busy host's
-            # scheduler makes each one slow); after shutdown or abandon the lease declines it
-            return self._commit(checkpoint_id, list(snapshots), None)
+            return self._finisher.submit(self._commit, checkpoint_id, list(snapshots),
+                                         None).result()
         finally:
             with self._lock:
                 self._in_progress.discard(checkpoint_id)
@@ -416,8 +414,7 @@ class CheckpointCoordinator:
             self.restore_point.remove()
         self.registry.close(timeout)  # what shutting down freed is gone on return
         self._finisher.shutdown(wait=True)
-        with self._commit_lock:  # a complete_checkpoint writing now finishes first
-            self.lease.release(delete=delete)
+        self.lease.release(delete=delete)
 
     def abandon(self) -> None:
         """Stop as a crashed driver would: nothing is closed, released or deleted, and the
