@@ -90,8 +90,7 @@ class ChangelogKeyedStateBackend:
         self._schedule = MaterializationSchedule(lambda: self.materialization_interval, clock)
         # processing time of state TTL, in seconds since the epoch: stamps outlive processes
         self._ttl_clock = ttl_clock
-        self._ser: Serializer = serializer or TaggedSerializer()
-        self._last_ref = NO_REF  # the last key accessed, with its key group and bytes (access)
+        self._ser, self._last_ref = serializer or TaggedSerializer(), NO_REF
         self._pool = executor or _POOL
         self._storage = get_storage(self.job_path)
         # deletes decided under our lock or on a delivery thread run here (deleter.py)
