@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .archives import keep_spark_archive_indexes
+
 ROUTE, SUBTASK, PAYLOAD = "_dstl_route", "_dstl_subtask", "_dstl_payload"
 
 _M32 = 0xFFFFFFFF
@@ -173,6 +175,8 @@ def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[
     def split(batches: Iterable[Any]) -> Iterator[Any]:
         import numpy as np
         import pyarrow as pa
+
+        keep_spark_archive_indexes()  # this worker's next tasks start sooner
 
         if combine is not None:
             batches = combined(batches, combine, key)

@@ -28,6 +28,7 @@ from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.state.backend import ChangelogKeyedStateBackend
 from dstl_ray.state.ttl import StateTtlConfig
 
+from .archives import keep_spark_archive_indexes
 from .initial_frame import load, split
 from .placement import executor_id
 from .routing import Groups, group_by_key, read_payloads, rows_of
@@ -303,6 +304,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
     from pyspark import TaskContext
 
     t0 = time.perf_counter()
+    keep_spark_archive_indexes()  # this worker's next tasks start sooner
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx else 0
     # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
