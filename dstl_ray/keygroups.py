@@ -82,10 +82,14 @@ def hash_input(key: object) -> bytes:
     return b"r" + repr(key).encode("utf-8")
 
 
+def _hash_of(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
 def stable_hash(key: object) -> int:
     """A 64-bit hash of ``key`` that is the same in every process and run (blake2b of
     :func:`hash_input`)."""
-    return int.from_bytes(hashlib.blake2b(hash_input(key), digest_size=8).digest(), "little")
+    return _hash_of(hash_input(key))
 
 
 def assign_key_groups(keys: Iterable[object], max_parallelism: int
@@ -107,8 +111,12 @@ def key_group_and_input(key: object, max_parallelism: int) -> tuple[int, bytes]:
     ``int`` or ``str`` key the hash input is also its tagged encoding, so a per-key state
     access encodes such a key once."""
     data = hash_input(key)
-    return (int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-            % max_parallelism, data)
+    return _hash_of(data) % max_parallelism, data
+
+
+# keys a memo of the last key may hold: immutable, matched by identity (the same object, so
+# the same value and type: 1, True and 1.0 stay three keys)
+MEMO_KEY_TYPES = (str, int, bytes)
 
 
 class _LastKey:
@@ -118,7 +126,6 @@ class _LastKey:
     object, so the same value and type: ``1``, ``True`` and ``1.0`` stay three keys); one
     entry per process, replaced whole (threads read a consistent one)."""
 
-    MEMO = (str, int, bytes)
     entry: tuple[object, int, int] | None = None  # key, max parallelism, key group
 
 
@@ -128,7 +135,7 @@ def assign_key_group(key: object, max_parallelism: int) -> int:
     if last is not None and last[0] is key and last[1] == max_parallelism:
         return last[2]
     kg = stable_hash(key) % max_parallelism
-    if type(key) in _LastKey.MEMO:
+    if type(key) in MEMO_KEY_TYPES:
         _LastKey.entry = (key, max_parallelism, kg)
     return kg
 

@@ -12,26 +12,20 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
-from ..keygroups import assign_key_group, assign_key_groups, key_group_and_input
+from ..keygroups import MEMO_KEY_TYPES, assign_key_group, assign_key_groups, key_group_and_input
 from .records import (
-    HDR,
-    RECORD_VERSION,
     Op,
     StateKind,
     TaggedSerializer,
     encode,
     encode_value_changes,
+    encode_value_set,
     join_items,
 )
 from .table import StateTable
 from .ttl import STAMP_SIZE, alive, now_ms, stamp
 
 UPDATE_CHUNK = 4096  # keys of a columnar update logged together (bounded unsent memory)
-# keys whose (key group, serialized key) a backend remembers for the next access: immutable,
-# matched by identity (the same object, so the same value and type: 1, True and 1.0 stay
-# three keys), as assign_key_group's own memo
-_MEMO = (str, int, bytes)
-_HEAD, _VSET = HDR.pack, int(Op.VALUE_SET)  # a VALUE_SET record's header (records.encode)
 NO_REF: tuple[Any, tuple[int, bytes]] = (object(), (-1, b""))  # a backend's memo, empty
 
 
@@ -54,7 +48,7 @@ class _State:
         if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
                                 f"range {r.start}..{r.end}")
-        if t in _MEMO:
+        if t in MEMO_KEY_TYPES:  # (a backend's memo: (key group, serialized key))
             b._last_ref = (key, ref)
         return ref
 
@@ -137,9 +131,9 @@ class ValueState(_State):
         kg, k = self._kg(key)
         sid = self._sid
         v = self._stamped(self._vs.serialize(value))
-        rec = _HEAD(RECORD_VERSION, _VSET, sid, len(k)) + k + v
+        rec = encode_value_set(sid, k, v)
         with self._b._lock:
-            self._b._writer.append(kg, rec)
+            self._log(kg, rec)
             self._t.set_value(sid, kg, k, v)
 
     # columnar access (spark_glue's vectorized API): the same semantics as value() and

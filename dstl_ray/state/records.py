@@ -229,6 +229,11 @@ def encode(op: int, sid: int, key: bytes, value: bytes = b"", ukey: bytes | None
     return b"".join((head, key, value))
 
 
+def encode_value_set(sid: int, key: bytes, value: bytes) -> bytes:
+    """:func:`encode` of a VALUE_SET record (a per-key update's, the hot path)."""
+    return HDR.pack(RECORD_VERSION, _VSET, sid, len(key)) + key + value
+
+
 def encode_value_changes(sid: int, entries: Sequence[tuple[int, bytes, bytes | None]]
                          ) -> list[tuple[int, bytes]]:
     """``(key group, record)`` of each ``(key group, key, value)`` of value state ``sid``:
