@@ -19,6 +19,8 @@ from typing import Any
 from ..errors import HandleError
 
 _SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+# a whole path of such parts (never "." or "..": a part starts with a letter or digit)
+_SAFE_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}(?:/[A-Za-z0-9][A-Za-z0-9._=-]{0,199})*")
 
 
 def show(value: object) -> str:
@@ -73,6 +75,18 @@ class Segment:
 
     @classmethod
     def from_json(cls, d: object) -> Segment:
+        """The segment ``d`` describes, checked: a checkpoint's completion, a restore and
+        every handle read back parse each segment of every handle, so the well-formed one
+        is recognized in one pass (:func:`_plain`), and the rest goes through the checks
+        that name what is wrong."""
+        if type(d) is dict:
+            got = _plain(d)
+            if got is not None:
+                return cls(*got)
+        return cls._checked(d)
+
+    @classmethod
+    def _checked(cls, d: object) -> Segment:
         if not isinstance(d, dict):
             raise HandleError(f"segment must be an object, got {type(d).__name__}")
         try:
@@ -90,3 +104,19 @@ class Segment:
         if sqn_max < sqn_min or not isinstance(node, str):
             raise HandleError(f"malformed segment {show(d)}")
         return cls(path, offset, length, sqn_min, sqn_max, node)
+
+
+def _plain(d: dict[str, Any]) -> tuple[str, int, int, int, int, str] | None:
+    """``Segment``'s fields from a well-formed segment object in one pass, or None: then
+    :meth:`Segment._checked` decides, and names what is wrong. Accepts a subset of what
+    that does (exact types, a plain relative path matched whole)."""
+    path, offset, length, sqn, node = (d.get("path"), d.get("offset"), d.get("length"),
+                                       d.get("sqn"), d.get("node", ""))
+    if (type(path) is str and len(path) <= 1024 and type(offset) is int
+            and type(length) is int and type(sqn) is list and len(sqn) == 2
+            and type(node) is str and offset >= 0 and length >= 0):
+        lo, hi = sqn
+        if type(lo) is int and type(hi) is int and 0 <= lo <= hi \
+                and _SAFE_PATH.fullmatch(path) is not None:
+            return path, offset, length, lo, hi, node
+    return None

@@ -41,10 +41,8 @@ class StateChangelogHandle:
 
     def file_paths(self) -> list[str]:
         """Full URLs of the files this handle refers to (no duplicates)."""
-        seen: dict[str, None] = {}
-        for s in self.segments:
-            seen[join(self.job_path, s.path)] = None
-        return list(seen)
+        base = self.job_path.rstrip("/") + "/"  # join(job_path, path), once per handle
+        return list(dict.fromkeys([base + s.path.strip("/") for s in self.segments]))
 
     @property
     def state_size(self) -> int:

@@ -71,7 +71,30 @@ def normalize_url(url: str) -> str:
     ``memory://m/f`` (fsspec's memory store has one root; its listings name no leading
     ``/``); ``s3://bk//x/f`` -> ``s3://bk/x/f`` (s3fs's listings collapse repeated slashes, so
     a file written under the other spelling would never be found by a listing of its
-    directory); trailing slashes removed everywhere."""
+    directory); trailing slashes removed everywhere.
+
+    A URL with a protocol has one answer whatever the process does (a bare path's, or a
+    ``file://`` URL's relative path's, depends on the working directory), so its answer is
+    kept (:data:`_NORMALIZED`): a checkpoint's
+    completion normalizes every file it names, the same files checkpoint after checkpoint
+    until the next materialization."""
+    known = _NORMALIZED.get(url)
+    if known is not None:
+        return known
+    out = _normalize(url)
+    if url.startswith("file:///") or ("://" in url and not url.startswith("file://")):
+        if len(_NORMALIZED) >= _NORMALIZED_MAX:
+            _NORMALIZED.clear()  # (a bound, not an LRU: a rebuild costs one pass)
+        _NORMALIZED[url] = out
+    return out
+
+
+# normalize_url's answers that are pure functions of the URL, bounded
+_NORMALIZED: dict[str, str] = {}
+_NORMALIZED_MAX = 1 << 14
+
+
+def _normalize(url: str) -> str:
     proto, rest = split_protocol(url)
     if proto == "file":
         rest = "/" + os.path.abspath(rest).lstrip("/")
