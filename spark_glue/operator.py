@@ -43,8 +43,10 @@ from dstl_ray.state.ttl import StateTtlConfig
 
 from .initial import InitialState
 from .initial_frame import InitialFrame, is_frame
+from .placement import Placement
 from .progress import ProgressMetrics
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
+from .routing import MapSide, route
 from .sinks import Outputs, Sink
 from .state_shapes import check_against, drop_spec, schema_spec
 from .stats import BatchHistory, BatchStats
@@ -195,8 +197,9 @@ class KeyedStatefulOperator:
         self.sink = sink
         self._spark = spark
         self._parallelism = parallelism
-        self.sticky = sticky  # keep each subtask on its executor (spark_glue.placement)
-        self._placement: dict[int, str] = {}
+        # keep each subtask on its executor (spark_glue.placement)
+        self._placement = Placement(sticky)
+        self._map_side = MapSide()  # the routing's UDFs, as well
         self._client = StateChangelogClient(job_id, namespace=self.namespace)
         import ray
 
@@ -356,15 +359,13 @@ class KeyedStatefulOperator:
         return stats
 
     def _run(self, df: Any, spec: TaskSpec) -> list[dict[str, Any]]:
-        from .placement import executor_hosts, pinned_rdd, plan
-        from .routing import route
-
         def task(index: int, payloads: Any) -> Any:
             return run_partition(spec, index, payloads)
 
         p = spec.parallelism
         routed = route(drop_ticks(df), self.key, spec.max_parallelism, p, self.combine,
-                       self._initial.df if spec.initial_columns else None).rdd  # type: ignore
+                       self._initial.df if spec.initial_columns else None,
+                       self._map_side).rdd  # type: ignore
         if routed.getNumPartitions() != p:
             # Spark's adaptive execution gives an empty shuffle no partitions: an empty
             # micro-batch still checkpoints every subtask
@@ -372,33 +373,13 @@ class KeyedStatefulOperator:
                 raise RuntimeError(f"batch {spec.batch_id}: Spark gave the routed rows "
                                    f"{routed.getNumPartitions()} partitions, not {p}")
             routed = routed.context.parallelize([], p)
-        per_subtask = routed.mapPartitionsWithIndex(task)  # one result per partition
-        sc = routed.context
-        hosts: dict[str, str] = {}
-        if self.sticky:
-            try:
-                hosts = executor_hosts(sc)
-            except Exception as e:  # noqa: BLE001 - placement is an optimization only
-                # query.stop() interrupts the batch's thread in the JVM call: no news
-                first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
-                log.log(logging.DEBUG if "InterruptedException" in str(e) else logging.WARNING,
-                        "no executor placement (%s): subtasks run anywhere", first)
-        if hosts:
-            from pyspark.serializers import BatchedSerializer, CPickleSerializer
-
-            # zipped with the pinned RDD, task i runs where the placement says; the state
-            # work stays in ONE Python worker per task (the routed side's pipeline), and the
-            # pairs are decoded on the driver, so no second worker competes for the cache
-            placement = plan(p, self._placement, hosts)
-            mine = per_subtask._reserialize(BatchedSerializer(CPickleSerializer(), 1))
-            results = [r for r, _i in mine.zip(pinned_rdd(sc, placement, hosts, p)).collect()]
-        else:
-            results = per_subtask.collect()
+        # one result per partition, each subtask on its executor if sticky
+        results = self._placement.collect(routed.mapPartitionsWithIndex(task), p)
         got = sorted(r["index"] for r in results)
         if got != list(range(p)):
             raise RuntimeError(f"batch {spec.batch_id}: expected one result per subtask "
                                f"0..{p - 1}, got {got}")
-        self._placement = {r["index"]: r["executor"] for r in results if r["executor"]}
+        self._placement.remember({r["index"]: r["executor"] for r in results if r["executor"]})
         return sorted(results, key=lambda r: r["index"])
 
     # ------------------------------------------------------------------ state

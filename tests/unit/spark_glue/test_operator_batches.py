@@ -21,6 +21,7 @@ from dstl_ray.errors import ConfigError, DstlError, MissingStateError
 from dstl_ray.storage.registry import get_storage
 from spark_glue.initial import InitialState
 from spark_glue.operator import KeyedStatefulOperator, is_replay
+from spark_glue.placement import Placement
 from spark_glue.progress import ProgressMetrics
 from spark_glue.replay import missing_state
 from spark_glue.sinks import Outputs
@@ -92,8 +93,8 @@ class Driver:
         op.operator_id, op.max_parallelism, op.materialization_interval = "op", MAXP, None
         # a session running no streaming query: no batch metrics for query progress
         no_query = SimpleNamespace(sparkContext=SimpleNamespace(getLocalProperty=lambda k: None))
-        op.sink, op._spark, op._parallelism, op.sticky, op._placement = None, no_query, 1, \
-            False, {}
+        op.sink, op._spark, op._parallelism, op._placement = None, no_query, 1, \
+            Placement(False)
         op.progress = ProgressMetrics(job)
         op.caller_namespace, op.base_path, op.gcs_address = "", self.base, ""
         op.state_ttl, op.state_schema, op.drop_state, op._initial, op.combine = (), (), (), \

@@ -3,7 +3,7 @@ rest evenly, and follows RayDP's executor directory layout."""
 
 from __future__ import annotations
 
-from spark_glue.placement import executor_id, plan
+from spark_glue.placement import executor_id, parse_block_managers, plan
 
 
 def test_first_batch_spreads_evenly():
@@ -45,3 +45,13 @@ def test_spreading_moves_only_what_is_above_the_share():
     assert sorted(got.values()) == ["0", "0", "1", "1", "2", "2"]
     even = {0: "0", 1: "0", 2: "1", 3: "1"}  # 2 + 2 + 0: nobody is above the share of 2
     assert plan(4, even, hosts) == even
+
+
+def test_block_manager_ids_as_spark_prints_them():
+    text = ("BlockManagerId(driver, 10.0.0.1, 40411, None)\nBlockManagerId(1, 10.0.0.2, 33, None)"
+            "\nBlockManagerId(12, host-b.local, 34, Some(rack-1))\n")
+    assert parse_block_managers(text) == {"1": "10.0.0.2", "12": "host-b.local"}
+    assert parse_block_managers("") == {}
+    # anything else: the hosts are asked for one by one instead
+    assert parse_block_managers("BlockManagerId(1, 10.0.0.2)") is None
+    assert parse_block_managers("BlockManagerId(1, a b, 3, None)") is None

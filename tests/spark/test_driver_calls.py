@@ -1,0 +1,72 @@
+"""The driver's py4j round trips per micro-batch (each a call into the driver JVM, 1 ms or
+more on a busy driver): the routing's UDF is made once per operator and Spark context
+(spark_glue.routing.MapSide), the executors' hosts come in a few calls and an unchanged
+placement's pinned RDD is used again (spark_glue.placement.Placement); what they give is
+what the one-object-at-a-time way gives."""
+
+from __future__ import annotations
+
+import contextlib
+
+from spark_glue.placement import Placement, executor_hosts
+from spark_glue.routing import MapSide, read_payloads, route_values, routed_schema, splitter
+
+
+@contextlib.contextmanager
+def counted(sc):
+    """Counts the py4j commands this thread sends while the block runs."""
+    client = sc._gateway._gateway_client
+    orig, calls = client.send_command, [0]
+
+    def send_command(*a, **k):
+        calls[0] += 1
+        return orig(*a, **k)
+
+    client.send_command = send_command
+    try:
+        yield calls
+    finally:
+        client.send_command = orig
+
+
+def test_hosts_in_a_few_calls_and_the_pinned_rdd_kept(spark):
+    sc = spark.sparkContext
+    sc.parallelize(range(6), 6).count()  # the executors are up
+    placement = Placement()
+    slow = executor_hosts(sc)
+    assert placement.hosts(sc) == slow and len(slow) >= 2
+    with counted(sc) as calls:
+        assert placement.hosts(sc) == slow
+    assert calls[0] <= 4, f"{calls[0]} py4j calls for the executors' hosts"
+    ids = sorted(slow)
+    plan = {i: ids[i % len(ids)] for i in range(3)}
+    rdd = placement.pinned(sc, plan, slow, 3)
+    with counted(sc) as calls:
+        assert placement.pinned(sc, dict(plan), slow, 3) is rdd
+    assert calls[0] == 0
+    moved = {**plan, 0: ids[1]}
+    other = placement.pinned(sc, moved, slow, 3)
+    assert other is not rdd
+    assert other.glom().collect() == [[0], [1], [2]]
+
+
+def test_the_routing_udf_is_made_once(spark):
+    p, maxp = 3, 32
+    map_side = MapSide()
+    frames = [spark.createDataFrame([(f"u{i}", i) for i in range(b, b + 50)], "user STRING, v INT")
+              for b in (0, 100)]
+    made = []
+    for df in frames:
+        with counted(spark.sparkContext) as calls:
+            out = map_side.apply(df, "user", maxp, p, None)
+        made.append(calls[0])
+        want = df.mapInArrow(splitter("user", maxp, p, route_values(p)), routed_schema())
+        rows = out.collect()
+        assert sorted(map(tuple, rows)) == sorted(map(tuple, want.collect()))
+        users = [u for r, s, pl in rows
+                 for u in read_payloads(s, [(r, s, pl)]).column("user").to_pylist()]
+        assert sorted(users) == sorted(r.user for r in df.collect())
+    assert len(map_side._udfs) == 1
+    with counted(spark.sparkContext) as calls:
+        frames[0].mapInArrow(splitter("user", maxp, p, route_values(p)), routed_schema())
+    assert made[1] < calls[0], (made, calls[0])
