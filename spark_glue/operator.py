@@ -269,6 +269,15 @@ class KeyedStatefulOperator:
     def __call__(self, df: Any, batch_id: int) -> None:
         self.process_batch(df, batch_id)
 
+    @property
+    def sticky(self) -> bool:
+        """Whether each subtask stays on its executor (``sticky=``; may be changed)."""
+        return self._placement.sticky
+
+    @sticky.setter
+    def sticky(self, value: bool) -> None:
+        self._placement.sticky = bool(value)
+
     def transform(self, df: Any, batch_id: int) -> Any:
         """:meth:`process_batch`, returning the batch's outputs (a Spark DataFrame with an
         ``output_schema``), for a ``foreachBatch`` of your own that chains further work on

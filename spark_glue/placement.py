@@ -118,7 +118,13 @@ class Placement:
     def hosts(self, sc: Any) -> dict[str, str]:
         """:func:`executor_hosts`, in three calls."""
         self._context(sc)
-        got = parse_block_managers(self._master.getMemoryStatus().keys().mkString("\n"))
+        try:
+            got = parse_block_managers(self._master.getMemoryStatus().keys().mkString("\n"))
+        except Exception as e:  # noqa: BLE001 - then object by object, as before
+            if "InterruptedException" in str(e):
+                raise  # query.stop(): no placement this batch
+            log.debug("block manager ids not read as one string: %s", e)
+            got = None
         return executor_hosts(sc) if got is None else got
 
     def pinned(self, sc: Any, placement: dict[int, str], hosts: dict[str, str], n: int

@@ -205,11 +205,12 @@ class MapSide:
     builds its JVM objects, 44 py4j round trips to the driver JVM, 120 ms a micro-batch on
     a busy driver. A UDF is reusable on any DataFrame (its function and output schema are
     fixed: the splitter's parameters key it), so each batch only applies it to its
-    columns."""
+    columns. The function is pickled once: a ``combine`` object changed between batches is
+    shipped as it was at the first."""
 
     def __init__(self) -> None:
         self._sc: Any = None
-        self._udfs: dict[tuple[Any, ...], Any] = {}
+        self._udfs: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # -> (combine, UDF)
 
     def apply(self, df: Any, key: str, max_parallelism: int, parallelism: int,
               combine: Callable[[Any], Any] | None) -> Any:
@@ -221,14 +222,17 @@ class MapSide:
         sc = df.sparkSession.sparkContext
         if self._sc is not sc:  # a new session: its JVM knows none of ours
             self._sc, self._udfs = sc, {}
-        params = (key, max_parallelism, parallelism, combine)
-        udf = self._udfs.get(params)
-        if udf is None:
-            udf = self._udfs[params] = pandas_udf(  # type: ignore[call-overload]
+        # the combiner by identity (it need not be hashable; the entry holds it, so its id
+        # is not reused), and the files added with addPyFile, which the UDF ships
+        params = (key, max_parallelism, parallelism, id(combine),
+                  tuple(getattr(sc, "_python_includes", None) or ()))
+        got = self._udfs.get(params)
+        if got is None:
+            got = self._udfs[params] = combine, pandas_udf(  # type: ignore[call-overload]
                 splitter(key, max_parallelism, parallelism, route_values(parallelism),
                          combine),
                 returnType=routed_schema(), functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-        column = udf(*[df[c] for c in df.columns])  # as DataFrame.mapInArrow does (3.5)
+        column = got[1](*[df[c] for c in df.columns])  # as DataFrame.mapInArrow does (3.5)
         return DataFrame(df._jdf.pythonMapInArrow(column._jc.expr(), False), df.sparkSession)
 
 

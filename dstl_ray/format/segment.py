@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import HandleError
 
-_SAFE_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+_SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}")  # matched whole
 # a whole path of such parts (never "." or "..": a part starts with a letter or digit)
 _SAFE_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}(?:/[A-Za-z0-9][A-Za-z0-9._=-]{0,199})*")
 
@@ -52,7 +52,7 @@ def check_relative_path(path: object) -> str:
         raise HandleError(f"bad file path in handle: {show(path)}")
     parts = path.split("/")
     for p in parts:
-        if not _SAFE_PART.match(p) or p in (".", ".."):
+        if not _SAFE_PART.fullmatch(p) or p in (".", ".."):
             raise HandleError(f"file path {path!r} escapes the job directory or is not a plain "
                               f"relative path")
     return path

@@ -7,6 +7,7 @@ what the one-object-at-a-time way gives."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from spark_glue.placement import Placement, executor_hosts
 from spark_glue.routing import MapSide, read_payloads, route_values, routed_schema, splitter
@@ -67,6 +68,19 @@ def test_the_routing_udf_is_made_once(spark):
                  for u in read_payloads(s, [(r, s, pl)]).column("user").to_pylist()]
         assert sorted(users) == sorted(r.user for r in df.collect())
     assert len(map_side._udfs) == 1
+
+    @dataclasses.dataclass
+    class Combine:  # a combiner need not be hashable (an eq dataclass is not)
+        key: str
+
+        def __call__(self, pdf):
+            return pdf.groupby(self.key, as_index=False).agg(n=("v", "size"))
+
+    combine = Combine("user")
+    for df in frames:
+        rows = map_side.apply(df, "user", maxp, p, combine).collect()
+        assert sum(read_payloads(s, [(r, s, pl)]).num_rows for r, s, pl in rows) == 50
+    assert len(map_side._udfs) == 2
     with counted(spark.sparkContext) as calls:
         frames[0].mapInArrow(splitter("user", maxp, p, route_values(p)), routed_schema())
     assert made[1] < calls[0], (made, calls[0])

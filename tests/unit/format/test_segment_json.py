@@ -40,6 +40,8 @@ def test_a_bad_segment_is_named():
     for bad, what in (({**good.to_json(), "path": "../f.dstl"}, "escapes"),
                       ({**good.to_json(), "offset": -1}, "segment offset"),
                       ({**good.to_json(), "sqn": [3, 2]}, "malformed segment"),
-                      ({**good.to_json(), "length": True}, "segment length")):
+                      ({**good.to_json(), "length": True}, "segment length"),
+                      # a name ends where the text does ("$" also matched before a newline)
+                      ({**good.to_json(), "path": "dstl/n/f.dstl\n"}, "escapes")):
         with pytest.raises(HandleError, match=what):
             Segment.from_json(bad)
