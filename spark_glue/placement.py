@@ -40,7 +40,7 @@ _BLOCK_MANAGER = re.compile(r"BlockManagerId\((.+), ([^,\s]+), (\d+), (None|Some
 
 def executor_hosts(sc: Any) -> dict[str, str]:
     """{executor id: host} of the live executors (from the block manager master), one py4j
-    object at a time (:class:`Pinning` asks for them in a few calls)."""
+    object at a time (:class:`Placement` asks for them in a few calls)."""
     jvm = sc._jvm
     status = sc._jsc.sc().env().blockManager().master().getMemoryStatus()
     out = {}

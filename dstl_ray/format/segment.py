@@ -18,9 +18,9 @@ from typing import Any
 
 from ..errors import HandleError
 
-_SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}")  # matched whole
-# a whole path of such parts (never "." or "..": a part starts with a letter or digit)
-_SAFE_PATH = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}(?:/[A-Za-z0-9][A-Za-z0-9._=-]{0,199})*")
+_PART = r"[A-Za-z0-9][A-Za-z0-9._=-]{0,199}"  # one plain name: never "." or ".."
+_SAFE_PART = re.compile(_PART)  # matched whole
+_SAFE_PATH = re.compile(f"{_PART}(?:/{_PART})*")  # a whole path of such parts
 
 
 def show(value: object) -> str:

@@ -75,9 +75,8 @@ def normalize_url(url: str) -> str:
 
     A URL with a protocol has one answer whatever the process does (a bare path's, or a
     ``file://`` URL's relative path's, depends on the working directory), so its answer is
-    kept (:data:`_NORMALIZED`): a checkpoint's
-    completion normalizes every file it names, the same files checkpoint after checkpoint
-    until the next materialization."""
+    kept (:data:`_NORMALIZED`): a checkpoint's completion normalizes every file it names,
+    the same files checkpoint after checkpoint until the next materialization."""
     known = _NORMALIZED.get(url)
     if known is not None:
         return known
