@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -89,6 +90,25 @@ def executor_hosts(spark: Any) -> list[str]:
     if driver in hosts:
         hosts.remove(driver)  # the driver is listed as well
     return sorted(hosts)
+
+
+def wait_for_executors(spark: Any, n: int, timeout_s: float = 180.0,
+                       poll_s: float = 0.5) -> list[str]:
+    """Wait until at least ``n`` executors are registered with the driver (a killed RayDP
+    executor actor comes back as a new executor some seconds later; a job started before
+    then places its subtasks on fewer executors). Returns their hosts; raises
+    :class:`~dstl_ray.errors.DeadlineError` naming how many came within ``timeout_s``."""
+    from dstl_ray.errors import DeadlineError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        hosts = executor_hosts(spark)
+        if len(hosts) >= n:
+            return hosts
+        if time.monotonic() >= deadline:
+            raise DeadlineError(f"{len(hosts)} of {n} Spark executors registered after "
+                                f"{timeout_s:g} s")
+        time.sleep(poll_s)
 
 
 def executor_actors() -> list[tuple[str, str]]:
