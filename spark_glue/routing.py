@@ -6,7 +6,8 @@ Three steps, none of which pickles a row:
    the input's Arrow record batches are split by operator subtask, gathered into chunks of
    about a million rows (:func:`chunks`). The key group of a key is
    ``stable_hash(key) % max_parallelism`` (:mod:`dstl_ray.keygroups`), computed once per
-   DISTINCT key of the chunk (``dictionary_encode``); the rows are reordered by subtask with
+   DISTINCT key of the chunk (``dictionary_encode``) and remembered by the worker for the
+   next batches (``KeyGroupCache``); the rows are reordered by subtask with
    one ``take`` and each subtask's slice leaves as one Arrow IPC stream in one output row
    ``(route, subtask, payload)``.
 2. **Shuffle in the JVM**: ``repartition(p, route)``. Spark hashes ``route`` with Murmur3
@@ -105,16 +106,16 @@ def _grouped(codes: Any, n: int) -> tuple[Any, Any]:
 
 
 def subtasks_of(keys: Any, max_parallelism: int, parallelism: int) -> Any:
-    """The subtask of every key of an Arrow array (numpy int32), hashing each distinct key
-    once (:func:`subtask_of`, a column at a time)."""
+    """The subtask of every key of an Arrow array (numpy int32), each distinct key's group
+    found once (:func:`subtask_of`, a column at a time), and in this worker's
+    :class:`~dstl_ray.keygroups.KeyGroupCache` when an earlier batch had the key."""
     import numpy as np
 
-    from dstl_ray.keygroups import assign_key_groups
+    from dstl_ray.keygroups import KeyGroupCache
 
     distinct, codes = _encoded(keys)
-    per_key = np.fromiter((kg * parallelism // max_parallelism
-                           for kg, _data in assign_key_groups(distinct, max_parallelism)),
-                          dtype=np.int32, count=len(distinct))
+    groups = np.array(KeyGroupCache.of(max_parallelism).key_groups(distinct), dtype=np.int64)
+    per_key = (groups * parallelism // max_parallelism).astype(np.int32)
     return per_key[codes]
 
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dstl_ray import KeyGroupError, KeyGroupRange, assign_key_group, key_group_range_for_subtask
-from dstl_ray.keygroups import assign_key_groups, hash_input
+from dstl_ray.keygroups import KeyGroupCache, assign_key_groups, hash_input
 from dstl_ray.state.records import TaggedSerializer
 
 
@@ -47,6 +47,19 @@ KEYS = st.one_of(st.integers(), st.text(), st.binary(), st.booleans(),
 def test_key_groups_of_a_column_equal_the_key_group_of_each_key(keys, max_par):
     assert assign_key_groups(keys, max_par) == [(assign_key_group(k, max_par), hash_input(k))
                                                 for k in keys]
+
+
+@given(st.lists(st.one_of(KEYS, st.floats(allow_nan=False), st.sampled_from([1, True, 1.0, "1"])),
+                max_size=30), st.integers(1, 1 << 15), st.integers(0, 8))
+def test_the_key_group_cache_answers_as_hashing_each_key(keys, max_par, capacity):
+    """Asked again (from memory) or for the first time, with 1, True and 1.0 (equal as dict
+    keys, hashed apart) side by side, and never holding more than its capacity."""
+    cache = KeyGroupCache(max_par, capacity)
+    want = [assign_key_group(k, max_par) for k in keys]
+    assert cache.key_groups(keys) == want
+    assert cache.key_groups(list(reversed(keys))) == want[::-1]
+    assert len(cache) <= capacity
+    assert KeyGroupCache.of(max_par) is KeyGroupCache.of(max_par)
 
 
 @given(st.one_of(st.integers(), st.text()))
