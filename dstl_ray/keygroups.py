@@ -8,6 +8,7 @@ A key belongs to key group ``stable_hash(key) % max_parallelism``; a subtask own
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -112,20 +113,24 @@ class KeyGroupCache:
     keys (spark_glue.routing), and a key space of 100k keys cost ~0.2 s of blake2b per
     batch in the one map task where a lookup costs a tenth. Exact ``str`` and ``int`` keys
     only, in a dict each: ``1``, ``True`` and ``1.0`` are one dict key but hash apart.
-    Bounded: once ``capacity`` keys are held (131k by default, ~20 MB of short strings),
-    later ones are hashed and not kept. One cache per max parallelism per process
-    (:meth:`of`); a worker runs one task at a time, and a key's group never changes, so
-    nothing is ever invalidated."""
+    Bounded: a string longer than :attr:`MAX_STR` characters is hashed and not kept, and
+    once ``capacity`` keys are held (131k by default: ~30 MB at most) later ones are not
+    kept either (threads calling at once may each fill it to the bound: a worker runs one
+    task at a time). One cache per max parallelism per process (:meth:`of`); a key's group
+    never changes, so nothing is ever invalidated."""
 
+    MAX_STR = 64
     _by_max_parallelism: dict[int, KeyGroupCache] = {}
 
     def __init__(self, max_parallelism: int, capacity: int = 1 << 17) -> None:
-        self.max_parallelism, self.capacity = max_parallelism, capacity
+        self.max_parallelism = operator.index(max_parallelism)  # 128.0 would key 0.0s
+        self.capacity = capacity
         self._str: dict[str, int] = {}
         self._int: dict[int, int] = {}
 
     @classmethod
     def of(cls, max_parallelism: int) -> KeyGroupCache:
+        max_parallelism = operator.index(max_parallelism)
         got = cls._by_max_parallelism.get(max_parallelism)
         if got is None:
             got = cls._by_max_parallelism[max_parallelism] = cls(max_parallelism)
@@ -138,11 +143,13 @@ class KeyGroupCache:
         """:func:`assign_key_group` of every key, in order."""
         blake, from_bytes, maxp = hashlib.blake2b, int.from_bytes, self.max_parallelism
         strs, ints, room = self._str, self._int, self.capacity - len(self)
+        longest = self.MAX_STR
         out: list[int] = []
         append = out.append
         for key in keys:
             t = type(key)
-            memo = strs if t is str else ints if t is int else None
+            memo = (strs if len(key) <= longest else None) if t is str \
+                else ints if t is int else None  # type: ignore[arg-type]
             kg = None if memo is None else memo.get(key)  # type: ignore[call-overload]
             if kg is None:
                 kg = from_bytes(blake(hash_input(key), digest_size=8).digest(),

@@ -62,6 +62,16 @@ def test_the_key_group_cache_answers_as_hashing_each_key(keys, max_par, capacity
     assert KeyGroupCache.of(max_par) is KeyGroupCache.of(max_par)
 
 
+def test_the_key_group_cache_keeps_no_long_strings_and_takes_int_parallelism():
+    cache = KeyGroupCache(128)
+    long = "x" * (KeyGroupCache.MAX_STR + 1)
+    assert cache.key_groups([long, "short", 7]) == [assign_key_group(k, 128)
+                                                   for k in (long, "short", 7)]
+    assert len(cache) == 2
+    with pytest.raises(TypeError):
+        KeyGroupCache.of(128.0)  # type: ignore[arg-type]
+
+
 @given(st.one_of(st.integers(), st.text()))
 def test_an_int_or_str_keys_hash_input_is_its_tagged_encoding(key):
     """What lets a columnar ref encode an int or str key once (ValueState.refs)."""
