@@ -141,9 +141,8 @@ class KeyGroupCache:
 
     def key_groups(self, keys: Iterable[object]) -> list[int]:
         """:func:`assign_key_group` of every key, in order."""
-        blake, from_bytes, maxp = hashlib.blake2b, int.from_bytes, self.max_parallelism
-        strs, ints, room = self._str, self._int, self.capacity - len(self)
-        longest = self.MAX_STR
+        maxp, strs, ints = self.max_parallelism, self._str, self._int
+        room, longest = self.capacity - len(self), self.MAX_STR
         out: list[int] = []
         append = out.append
         for key in keys:
@@ -152,8 +151,7 @@ class KeyGroupCache:
                 else ints if t is int else None  # type: ignore[arg-type]
             kg = None if memo is None else memo.get(key)  # type: ignore[call-overload]
             if kg is None:
-                kg = from_bytes(blake(hash_input(key), digest_size=8).digest(),
-                                "little") % maxp
+                kg = stable_hash(key) % maxp
                 if memo is not None and room > 0:
                     memo[key] = kg  # type: ignore[index]
                     room -= 1
