@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+UNIT_WORKERS ?= 2
 
 .PHONY: setup demo test test-runs test-fast bench compare lint clean
 
@@ -18,9 +19,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/dstl-ray demo
 
+# the unit tier on two worker processes (pytest-xdist: pure-Python work, no cluster up yet),
+# then the tiers that share one Ray cluster and one Spark session, in one process
 test: $(STAMP)
 	$(BIN)/python -m ruff check .
-	$(BIN)/python -m pytest tests --ignore=tests/runs
+	$(BIN)/python -m pytest tests/unit -n $(UNIT_WORKERS)
+	$(BIN)/python -m pytest tests --ignore=tests/unit --ignore=tests/runs
 
 # the experiments in CI size, each with a cluster of its own (quick chaos runs, the demo, the
 # Flink comparison's dstl-ray side), checked by tests/runs; CI runs it after make test
@@ -28,7 +32,7 @@ test-runs: $(STAMP)
 	$(BIN)/python -m pytest tests/runs
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest tests/unit -n $(UNIT_WORKERS)
 
 # every experiment writes experiments/results/NAME.json and NAME.png; BENCH_ARGS=--quick
 # for a CI-sized run
