@@ -225,6 +225,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             end-to-end duration, ms until its ``_metadata`` is durable)."""
             t0, w0 = time.perf_counter(), time.time()
             cid[0] += 1
+            coord.begin_checkpoint(cid[0])  # chk-n made while the snapshots are taken
             outs = [o for part in ray.get([a.snapshot.remote(cid[0]) for a in actors],
                                           timeout=120) for o in part]
             t1, w1 = time.perf_counter(), time.time()

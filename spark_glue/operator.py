@@ -341,6 +341,7 @@ class KeyedStatefulOperator:
                         state_schema=self.state_schema, drop_state=self.drop_state,
                         initial_columns=self._initial.states if load else ())  # type: ignore
         try:
+            cc.begin_checkpoint(batch_id)  # its chk-n made while the tasks run
             results = self._run(df, spec)
             snaps = [KeyedStateSnapshot.from_dict(json.loads(r["snapshot"]), self.base_path)
                      for r in results]

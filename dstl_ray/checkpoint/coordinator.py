@@ -40,7 +40,8 @@ from .claims import claim_backend_dir, claim_checkpoint_dirs, claim_node_dirs, r
 from .cleaner import CheckpointsCleaner
 from .lease import JobLease
 from .lease_epochs import EPOCHS_DIR
-from .metadata import METADATA_FILE, CheckpointMetadata, delete_metadata
+from .locations import CheckpointLocations, metadata_url
+from .metadata import CheckpointMetadata, delete_metadata
 from .metadata_write import ExclusiveMetadata
 from .pending import (
     DEFAULT_CHECKPOINT_TIMEOUT_S,
@@ -61,6 +62,7 @@ from .restore import (
     settle_files,
 )
 from .restore_point import RestorePointFile
+from .retained import RetainedCheckpoints
 from .savepoint import Savepoints
 
 __all__ = [  # PendingCheckpoint, RestoreMode and the default timeout are part of its API
@@ -97,14 +99,13 @@ class CheckpointCoordinator:
         self.base_path = normalize_url(base_path)
         self.job_path = join(self.base_path, job_id)
         self.max_parallelism = max_parallelism
-        self.retained_count = retained
         self.retention = CheckpointRetention(retention)
         self.max_concurrent = max_concurrent
         self.storage = get_storage(self.job_path)
         self.registry = registry or SharedStateRegistry(list_files=self.storage.list_files)
         self.backends: list[ChangelogKeyedStateBackend] = []
         self._lock = threading.Lock()
-        self._retained: list[CompletedCheckpoint] = []
+        self._retained = RetainedCheckpoints(retained)
         self._pending: dict[int, PendingCheckpoint] = {}
         self._in_progress: set[int] = set()  # checkpoint ids triggered and not yet finished
         self._next_id = 1
@@ -121,6 +122,9 @@ class CheckpointCoordinator:
         # subsumed checkpoints are deleted in the background (Flink's CheckpointsCleaner)
         self.cleaner = CheckpointsCleaner(self.lease, self.registry, self._notify_subsumed)
         self.metadata = ExclusiveMetadata(self.storage, self.lease)  # never written over
+        # each chk-n made while its snapshots are taken (a replayed id's discard first)
+        self.locations = CheckpointLocations(self.storage, self.job_path, self._finisher.submit,
+                                             lambda url: self.cleaner.settle([url]))
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
                                      self.lease.check, self.registry)
@@ -158,7 +162,7 @@ class CheckpointCoordinator:
         nothing retained, :meth:`complete_checkpoint` accepts any id (a Spark query starts
         at batch 0, a replayed batch restarts at its own id), so the watermark is -1."""
         with self._lock:
-            ids = [c.checkpoint_id for c in self._retained] + list(self._in_progress)
+            ids = self._retained.ids() + list(self._in_progress)
         ids += self.cleaner.outstanding_ids()  # a _metadata still listed names its files
         return min(ids) - 1 if ids else -1
 
@@ -186,11 +190,11 @@ class CheckpointCoordinator:
     def completed_checkpoints(self) -> list[CompletedCheckpoint]:
         """Retained checkpoints, oldest first."""
         with self._lock:
-            return list(self._retained)
+            return self._retained.all()
 
     def latest_checkpoint(self) -> CompletedCheckpoint | None:
         with self._lock:
-            return self._retained[-1] if self._retained else None
+            return self._retained.latest()
 
     def _new_id(self) -> int:
         n = self._next_id
@@ -207,6 +211,7 @@ class CheckpointCoordinator:
             self._in_progress.add(n)
             backends = list(self.backends)
             pending = len(self._pending)
+        self.locations.begin(n, metadata_url(self.job_path, n))
         self.registry.checkpoint_started(n)
         futures, error = start_snapshots(n, backends, pending, self.max_concurrent)
         abort: concurrent.futures.Future = concurrent.futures.Future()
@@ -246,8 +251,9 @@ class CheckpointCoordinator:
 
     def _commit_locked(self, n: int, snaps: list[KeyedStateSnapshot],
                        error: BaseException | None) -> CompletedCheckpoint:
-        url = join(self.job_path, f"chk-{n}", METADATA_FILE)
+        url = metadata_url(self.job_path, n)
         self.cleaner.settle([url])  # an old chk-n's discard (a replayed id) is done first
+        made_ahead = self.locations.ready(n)
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps), epoch=self.lease.epoch)
         files = meta.files(url)
@@ -257,29 +263,37 @@ class CheckpointCoordinator:
                 raise error
             self.lease.check()  # a fenced driver never writes metadata
             with self._lock:
-                newest = self._retained[-1].checkpoint_id if self._retained else -1
-            if newest >= n:  # completed checkpoints only ever rise
-                raise CheckpointDeclinedError(f"checkpoint {n} subsumed: checkpoint {newest} "
-                                              f"completed first")
+                subsumed_by = self._retained.subsumed(n)
+            if subsumed_by:  # completed checkpoints only ever rise
+                raise CheckpointDeclinedError(subsumed_by)
             size = self.metadata.write(url, meta)
         except BaseException as e:  # noqa: BLE001
             self.declined += 1
             self.registry.release(url)
             self.registry.checkpoint_finished(n)
+            if made_ahead:
+                self.locations.remove(n)  # (only if empty)
             log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
         cc = CompletedCheckpoint(n, url, meta, files, size)
         claim_checkpoint_dirs(self.registry, self.job_path, snaps)
         with self._lock:
-            self._retained.append(cc)
-            subsumed = self._retained[:-self.retained_count]
-            self._retained = self._retained[-self.retained_count:]
+            subsumed = self._retained.add(cc)
             older = [p for m, p in self._pending.items() if m < n]
         self.registry.checkpoint_finished(n, completed=True)
+        self.locations.completed(n)  # older locations begun can no longer complete
         abort_older(older, n)  # Flink: completing n aborts the pending checkpoints before it
         self.cleaner.discard_later(subsumed)  # complete now; the subsumed go in the background
         return cc
+
+    def begin_checkpoint(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` of :meth:`complete_checkpoint` is about to be taken:
+        its location (``chk-n``) is made now, in the background, while the snapshots are
+        taken, as Flink's trigger initializes it before the barriers go out (optional:
+        the commit makes what is missing; :mod:`~dstl_ray.checkpoint.locations`)."""
+        self.incarnation  # noqa: B018 - the job's lease, before anything is written
+        self.locations.begin(checkpoint_id, metadata_url(self.job_path, checkpoint_id))
 
     def complete_checkpoint(self, checkpoint_id: int, snapshots: list[KeyedStateSnapshot]
                             ) -> CompletedCheckpoint:
@@ -288,11 +302,7 @@ class CheckpointCoordinator:
         than every retained checkpoint: see :meth:`drop_checkpoints_from` for a replay."""
         self.incarnation  # noqa: B018 - the job's lease, before anything is written
         with self._lock:
-            newest = self._retained[-1].checkpoint_id if self._retained else -1
-            if checkpoint_id <= newest or checkpoint_id in self._in_progress:
-                raise CheckpointDeclinedError(
-                    f"checkpoint {checkpoint_id} of job {self.job_id}: checkpoint {newest} is "
-                    f"already complete, or {checkpoint_id} in progress (ids must grow)")
+            self._retained.refuse_older(checkpoint_id, self.job_id, self._in_progress)
             self._next_id = max(self._next_id, checkpoint_id + 1)
             self._in_progress.add(checkpoint_id)
         self.registry.checkpoint_started(checkpoint_id)
@@ -309,8 +319,7 @@ class CheckpointCoordinator:
         older state; returns the dropped ids."""
         self.cleaner.settle()  # the subsumed ones go first: what is left is what is listed
         with self._lock:
-            gone = [c for c in self._retained if c.checkpoint_id >= checkpoint_id]
-            self._retained = [c for c in self._retained if c.checkpoint_id < checkpoint_id]
+            gone = self._retained.drop_from(checkpoint_id)
         for cc in reversed(gone):
             self.cleaner.discard(cc)
         self._notify_subsumed()
@@ -365,7 +374,7 @@ class CheckpointCoordinator:
         with self._lock:
             self._next_id = max([self._next_id, *[c.checkpoint_id + 1 for c in retained]])
         backend_options.setdefault("incarnation", str(self.incarnation))
-        plan = plan_restore(retained, broken, checkpoint, mode, fallback, self.retained_count,
+        plan = plan_restore(retained, broken, checkpoint, mode, fallback, self._retained.count,
                             lambda cc: restore_backends(client, cc, operator_id, parallelism,
                                                         self.max_parallelism,
                                                         **backend_options), self.base_path)
@@ -377,7 +386,7 @@ class CheckpointCoordinator:
         with self._lock:
             if plan.claim and chosen is not None:
                 self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
-            self._retained = sorted(plan.keep, key=lambda c: c.checkpoint_id)
+            self._retained.replace(plan.keep)
         settle_files(plan, self.registry, self.lease, self.job_path, self.storage, before)
         self.restore_point.restored(checkpoint, mode, plan)
         if chosen is not None:
@@ -408,11 +417,12 @@ class CheckpointCoordinator:
         delete = cancel and self.retention is CheckpointRetention.DELETE_ON_CANCELLATION
         if delete:
             with self._lock:
-                gone, self._retained = self._retained, []
+                gone = self._retained.clear()
             for cc in gone:
                 self.cleaner.discard(cc)
             self.restore_point.remove()
         self.registry.close(timeout)  # what shutting down freed is gone on return
+        self.locations.close()  # the ones begun and never completed
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)
 

@@ -36,6 +36,31 @@ def _sync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _make_dirs(directory: str, fsync: bool) -> None:
+    """Create ``directory`` and its missing parents; with ``fsync``, each new directory's
+    name made durable in its parent (a directory's name lives in its parent: fsyncing the
+    new directory, as a file write in it does, does not persist the name). Made by someone
+    else meanwhile: its parent is fsynced all the same, as that maker may not be done."""
+    if os.path.isdir(directory):
+        return
+    missing = []
+    d = directory
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    for new in reversed(missing):
+        try:
+            os.mkdir(new)
+        except FileExistsError:
+            if not os.path.isdir(new):
+                raise
+        if fsync:
+            _sync_dir(os.path.dirname(new) or ".")
+
+
 def _unlink_quietly(path: str | None) -> None:
     if path is None:
         return
@@ -80,7 +105,7 @@ class LocalStorage:
         directory = os.path.dirname(local)
         tmp: str | None = None
         try:
-            os.makedirs(directory, exist_ok=True)
+            _make_dirs(directory, self._fsync)
             if not self._write_unnamed(local, directory, fill):
                 tmp = _temp_name(local)
                 self._write_named(tmp, fill, self._fsync)
@@ -134,7 +159,7 @@ class LocalStorage:
         directory = os.path.dirname(local)
         tmp: str | None = None
         try:
-            os.makedirs(directory, exist_ok=True)
+            _make_dirs(directory, self._fsync)
             fd = unnamed.open_unnamed(directory)
             linked = False
             if fd is not None:
@@ -167,7 +192,7 @@ class LocalStorage:
         local = self._local(path)
         directory = os.path.dirname(local)
         try:
-            os.makedirs(directory, exist_ok=True)
+            _make_dirs(directory, self._fsync)
             created = not os.path.exists(local)
             with open(local, "ab") as f:
                 offset = f.tell()
@@ -207,6 +232,15 @@ class LocalStorage:
             pass
         except OSError as e:
             raise StorageError(f"cannot delete {path}: {e}") from e
+
+    def make_dirs(self, path: str) -> None:
+        """Create directory ``path`` and its parents, their names durable (a checkpoint's
+        ``chk-n`` made ahead of its metadata). Optional in the storage contract: stores
+        without directories (S3) have nothing to make."""
+        try:
+            _make_dirs(self._local(path), self._fsync)
+        except OSError as e:
+            raise StorageError(f"cannot make directory {path}: {e}") from e
 
     def delete_dir(self, path: str) -> None:
         """Remove directory ``path`` if it is empty (a subsumed checkpoint's ``chk-n``);

@@ -254,6 +254,11 @@ class FaultyStorage:
     def delete(self, path: str) -> None:
         self.inner.delete(path)
 
+    def make_dirs(self, path: str) -> None:
+        make = getattr(self.inner, "make_dirs", None)
+        if make is not None:
+            make(path)
+
     def delete_dir(self, path: str) -> None:
         remove = getattr(self.inner, "delete_dir", None)
         if remove is not None:

@@ -1,0 +1,145 @@
+"""Checkpoint locations made ahead (dstl_ray.checkpoint.locations): ``begin_checkpoint``
+makes ``chk-n`` while the snapshots are taken, the commit writes into it, and a location
+that never gets its metadata does not stay behind. New directories on file:// are durable in
+their parents."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import dstl_ray as d
+from dstl_ray.errors import CheckpointDeclinedError
+from dstl_ray.storage import local as local_mod
+from dstl_ray.storage.deleter import flush_deletes
+from dstl_ray.storage.local import LocalStorage
+
+from ..ckpt_util import MAXP, FailingTransport, client
+
+JOB = "locs"
+
+
+def _job(tmp_path, transport=None):
+    base = f"file://{tmp_path}/dfs"
+    coord = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP, retained=2)
+    b = d.ChangelogKeyedStateBackend(
+        client(JOB, base, transport(JOB, base) if transport else None), "op",
+        d.KeyGroupRange(0, MAXP - 1), MAXP, materialization_interval=None)
+    return coord, b
+
+
+def _chk(tmp_path) -> dict[str, list[str]]:
+    """Each chk-n directory of the job, with what it holds (once the background discards
+    ran)."""
+    assert flush_deletes(30)
+    job = tmp_path / "dfs" / JOB
+    return {n: sorted(os.listdir(job / n)) for n in sorted(os.listdir(job))
+            if n.startswith("chk-")}
+
+
+def _wait_made(path, timeout=10.0) -> None:
+    end = time.monotonic() + timeout
+    while not path.is_dir():
+        assert time.monotonic() < end, f"{path} was not made"
+        time.sleep(0.005)
+
+
+def test_a_begun_location_is_made_before_the_commit_and_holds_its_metadata(tmp_path):
+    coord, b = _job(tmp_path)
+    b.value_state("v").update("k", 1)
+    coord.begin_checkpoint(1)
+    _wait_made(tmp_path / "dfs" / JOB / "chk-1")  # before any snapshot was taken
+    coord.complete_checkpoint(1, [b.snapshot().result(timeout=30)])
+    assert _chk(tmp_path) == {"chk-1": ["_metadata"]}
+    assert coord.locations.ready(1) is False  # nothing of it left to wait for
+    b.close()
+    coord.shutdown()
+
+
+def test_a_location_that_never_completes_goes_when_a_newer_checkpoint_completes(tmp_path):
+    """A micro-batch that failed and was not retried: its chk-n stays empty for good."""
+    coord, b = _job(tmp_path)
+    coord.begin_checkpoint(1)
+    _wait_made(tmp_path / "dfs" / JOB / "chk-1")
+    coord.begin_checkpoint(2)
+    coord.complete_checkpoint(2, [b.snapshot().result(timeout=30)])
+    assert _chk(tmp_path) == {"chk-2": ["_metadata"]}
+    b.close()
+    coord.shutdown()
+
+
+def test_a_declined_checkpoint_leaves_no_location(tmp_path):
+    """The trigger makes the location too (Flink's trigger does); declining the checkpoint
+    removes it, as Flink discards a failed checkpoint's location."""
+    coord, b = _job(tmp_path, FailingTransport)
+    coord.register_backend(b)
+    b.value_state("v").update("k", 1)
+    pc = coord.trigger_checkpoint()
+    with pytest.raises(CheckpointDeclinedError, match="DFS unavailable"):
+        pc.future.result(timeout=30)
+    assert _chk(tmp_path) == {}
+    coord.shutdown()
+
+
+def test_shutdown_removes_the_locations_never_completed(tmp_path):
+    coord, b = _job(tmp_path)
+    coord.complete_checkpoint(1, [b.snapshot().result(timeout=30)])
+    coord.begin_checkpoint(2)
+    _wait_made(tmp_path / "dfs" / JOB / "chk-2")
+    b.close()
+    coord.shutdown()
+    assert _chk(tmp_path) == {"chk-1": ["_metadata"]}
+
+
+def test_a_location_begun_again_for_a_retained_checkpoint_is_left_whole(tmp_path):
+    """Beginning an id that is complete already (a caller's mistake) makes nothing, and the
+    location's later removal leaves a directory that holds a checkpoint as it is."""
+    coord, b = _job(tmp_path)
+    coord.complete_checkpoint(1, [b.snapshot().result(timeout=30)])
+    coord.begin_checkpoint(1)
+    with pytest.raises(CheckpointDeclinedError, match="already complete"):
+        coord.complete_checkpoint(1, [b.snapshot().result(timeout=30)])
+    coord.complete_checkpoint(2, [b.snapshot().result(timeout=30)])
+    assert _chk(tmp_path) == {"chk-1": ["_metadata"], "chk-2": ["_metadata"]}
+    b.close()
+    coord.shutdown()
+
+
+@pytest.fixture
+def synced(monkeypatch) -> list[str]:
+    """The directories LocalStorage fsyncs, in order."""
+    seen: list[str] = []
+    real = local_mod._sync_dir
+
+    def record(directory: str) -> None:
+        seen.append(os.path.realpath(directory))
+        real(directory)
+
+    monkeypatch.setattr(local_mod, "_sync_dir", record)
+    return seen
+
+
+def test_new_directories_are_durable_in_their_parents(tmp_path, synced):
+    """A directory's name lives in its parent: each new one's parent is fsynced (an fsync
+    of the new directory itself, after a file is linked in it, does not persist it)."""
+    root = os.path.realpath(tmp_path)
+    LocalStorage().make_dirs(f"file://{root}/a/b/c")
+    assert synced == [root, f"{root}/a", f"{root}/a/b"]
+    synced.clear()
+    LocalStorage().make_dirs(f"file://{root}/a/b/c")  # there already: nothing to do
+    assert synced == []
+    LocalStorage().create_file(f"file://{root}/a/x/_metadata", b"m")
+    assert synced == [f"{root}/a", f"{root}/a/x"]  # the new chk-n, then its new name
+    synced.clear()
+    LocalStorage().write_file(f"file://{root}/y/z/f", b"f")
+    assert synced == [root, f"{root}/y", f"{root}/y/z"]
+    synced.clear()
+    LocalStorage().append_file(f"file://{root}/w/seg", b"s")
+    assert synced == [root, f"{root}/w"]
+
+
+def test_no_fsync_storage_syncs_no_directory(tmp_path, synced):
+    LocalStorage(fsync=False).write_file(f"file://{tmp_path}/q/r/f", b"f")
+    assert synced == [] and (tmp_path / "q" / "r" / "f").read_bytes() == b"f"
