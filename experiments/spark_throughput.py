@@ -238,6 +238,9 @@ def main() -> None:
     p.add_argument("--events", default="", help="comma-separated events per batch")
     p.add_argument("--keys", default="", help="comma-separated key space sizes")
     p.add_argument("--systems", default="", help="comma-separated indexes into the systems")
+    p.add_argument("--batches", type=int, default=0,
+                   help="micro-batches per run, the first a warm-up (default: 6 at 10k "
+                        "events, else 4)")
     p.add_argument("--keep-from", default="",
                    help="an earlier spark_throughput.json: its rows of the systems not run "
                         "now are kept, marked with that run's date (the slow ones need not "
@@ -276,7 +279,7 @@ def main() -> None:
                       detached=False)
         try:
             for e, k in sizes:
-                n = 6 if e <= 10_000 else 4
+                n = args.batches or (6 if e <= 10_000 else 4)
                 src = work / f"in-{e}-{k}"
                 write_inputs(src, n, e, k, seed=e + k)
                 for si in systems:
@@ -327,7 +330,8 @@ def main() -> None:
     data = {
         "workload": {"events_per_batch": events, "keys": keys, "ray_nodes": 3,
                      "executors": 3, "executor_cores": 1, "parallelism": 3,
-                     "batches": "6 (10k), 4 (100k, 1M); the first is the warm-up"},
+                     "batches": (f"{args.batches}" if args.batches else
+                                 "6 (10k), 4 (100k, 1M)") + "; the first is the warm-up"},
         "rows": rows, "ratios": ratios,
         "targets": {
             "vectorized_at_or_above_apply_in_pandas": all(  # (None: not both in this run)

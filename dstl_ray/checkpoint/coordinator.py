@@ -123,7 +123,7 @@ class CheckpointCoordinator:
         self.cleaner = CheckpointsCleaner(self.lease, self.registry, self._notify_subsumed)
         self.metadata = ExclusiveMetadata(self.storage, self.lease)  # never written over
         # each chk-n made while its snapshots are taken (a replayed id's discard first)
-        self.locations = CheckpointLocations(self.storage, self.job_path, self._finisher.submit,
+        self.locations = CheckpointLocations(self.storage, self.job_path, self.lease.check,
                                              lambda url: self.cleaner.settle([url]))
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
@@ -253,7 +253,6 @@ class CheckpointCoordinator:
                        error: BaseException | None) -> CompletedCheckpoint:
         url = metadata_url(self.job_path, n)
         self.cleaner.settle([url])  # an old chk-n's discard (a replayed id) is done first
-        made_ahead = self.locations.ready(n)
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
                                   tuple(snaps), epoch=self.lease.epoch)
         files = meta.files(url)
@@ -266,13 +265,13 @@ class CheckpointCoordinator:
                 subsumed_by = self._retained.subsumed(n)
             if subsumed_by:  # completed checkpoints only ever rise
                 raise CheckpointDeclinedError(subsumed_by)
+            self.locations.ready(n)  # chk-n made, its name durable
             size = self.metadata.write(url, meta)
         except BaseException as e:  # noqa: BLE001
             self.declined += 1
             self.registry.release(url)
             self.registry.checkpoint_finished(n)
-            if made_ahead:
-                self.locations.remove(n)  # (only if empty)
+            self.locations.declined(n)  # one made ahead goes (only if empty)
             log.warning("checkpoint %d of %s declined: %s", n, self.job_id, e)
             raise CheckpointDeclinedError(f"checkpoint {n} of job {self.job_id} declined: "
                                           f"{type(e).__name__}: {e}") from e
@@ -422,7 +421,8 @@ class CheckpointCoordinator:
                 self.cleaner.discard(cc)
             self.restore_point.remove()
         self.registry.close(timeout)  # what shutting down freed is gone on return
-        self.locations.close()  # the ones begun and never completed
+        with self._commit_lock:  # no commit writes into one meanwhile
+            self.locations.close()  # the ones begun and never completed
         self._finisher.shutdown(wait=True)
         self.lease.release(delete=delete)
 
@@ -431,4 +431,5 @@ class CheckpointCoordinator:
         job's lease is left to the next driver (the chaos harness and tests simulate a
         driver's death with it)."""
         self.lease.abandon()  # (queued discards check it: they delete nothing)
+        self.locations.abandon()
         self._finisher.shutdown(wait=False)

@@ -47,9 +47,8 @@ class RetainedCheckpoints:
         newest = self.newest_id()
         if n <= newest or n in in_progress:
             raise CheckpointDeclinedError(
-                f"checkpoint {n} of job {job_id}: checkpoint {newest} is already complete "
-                f"(ids must grow)" if n <= newest else
-                f"checkpoint {n} of job {job_id} is in progress already")
+                f"checkpoint {n} of job {job_id}: checkpoint {newest} is already complete, "
+                f"or {n} in progress (ids must grow)")
 
     def subsumed(self, n: int) -> str | None:
         """Why checkpoint ``n`` can no longer complete (a newer one did), or None."""

@@ -36,19 +36,22 @@ def _sync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _make_dirs(directory: str, fsync: bool) -> None:
+def _make_dirs(directory: str, fsync: bool) -> bool:
     """Create ``directory`` and its missing parents; with ``fsync``, each new directory's
     name made durable in its parent (a directory's name lives in its parent: fsyncing the
-    new directory, as a file write in it does, does not persist the name). Made by someone
-    else meanwhile: its parent is fsynced all the same, as that maker may not be done."""
+    new directory, as a file write in it does, does not persist the name). One made by
+    someone else between the check and the ``mkdir``: its parent is fsynced all the same,
+    as that maker may not be done. A directory found there is taken as durable (its maker
+    fsyncs its parent; :meth:`LocalStorage.make_dirs` does not take it). Whether it was
+    there."""
     if os.path.isdir(directory):
-        return
+        return True
     missing = []
     d = directory
     while not os.path.isdir(d):
         missing.append(d)
         parent = os.path.dirname(d)
-        if parent == d:
+        if not parent or parent == d:  # a relative path's first part, or the root
             break
         d = parent
     for new in reversed(missing):
@@ -59,6 +62,7 @@ def _make_dirs(directory: str, fsync: bool) -> None:
                 raise
         if fsync:
             _sync_dir(os.path.dirname(new) or ".")
+    return False
 
 
 def _unlink_quietly(path: str | None) -> None:
@@ -234,11 +238,14 @@ class LocalStorage:
             raise StorageError(f"cannot delete {path}: {e}") from e
 
     def make_dirs(self, path: str) -> None:
-        """Create directory ``path`` and its parents, their names durable (a checkpoint's
-        ``chk-n`` made ahead of its metadata). Optional in the storage contract: stores
-        without directories (S3) have nothing to make."""
+        """Create directory ``path`` and its parents, their names durable, ``path``'s too
+        when it was there already (a checkpoint's ``chk-n`` made ahead of its metadata).
+        Optional in the storage contract: stores without directories (S3) have nothing to
+        make."""
+        local = self._local(path)
         try:
-            _make_dirs(self._local(path), self._fsync)
+            if _make_dirs(local, self._fsync) and self._fsync:  # its maker may not be done
+                _sync_dir(os.path.dirname(local.rstrip("/")) or ".")
         except OSError as e:
             raise StorageError(f"cannot make directory {path}: {e}") from e
 

@@ -53,7 +53,7 @@ def test_a_begun_location_is_made_before_the_commit_and_holds_its_metadata(tmp_p
     _wait_made(tmp_path / "dfs" / JOB / "chk-1")  # before any snapshot was taken
     coord.complete_checkpoint(1, [b.snapshot().result(timeout=30)])
     assert _chk(tmp_path) == {"chk-1": ["_metadata"]}
-    assert coord.locations.ready(1) is False  # nothing of it left to wait for
+    assert not coord.locations._begun and not coord.locations._ready  # nothing of it left
     b.close()
     coord.shutdown()
 
@@ -107,6 +107,89 @@ def test_a_location_begun_again_for_a_retained_checkpoint_is_left_whole(tmp_path
     coord.shutdown()
 
 
+def test_a_location_does_not_wait_behind_commits_waiting_for_the_commit_lock(tmp_path):
+    """Commits wait for their location holding the commit lock: were locations made on the
+    coordinator's executor, a location queued behind commits waiting for that lock would
+    never be made (max_concurrent=1: three threads, all taken here)."""
+    import threading
+
+    coord, b = _job(tmp_path)
+    coord.max_concurrent = 1
+    snap = b.snapshot().result(timeout=30)
+    create, reached, go = coord.metadata._create, threading.Event(), threading.Event()
+
+    def held(url, data):
+        if url.endswith("chk-10/_metadata"):
+            reached.set()
+            go.wait(30)
+        return create(url, data)
+
+    coord.metadata._create = held
+    done: dict[int, object] = {}
+
+    def complete(n):
+        done[n] = coord.complete_checkpoint(n, [snap]).checkpoint_id
+
+    threads = [threading.Thread(target=complete, args=(n,), daemon=True) for n in (10, 11, 12)]
+    threads[0].start()
+    assert reached.wait(10)
+    for t in threads[1:]:
+        t.start()
+    coord.begin_checkpoint(13)
+    _wait_made(tmp_path / "dfs" / JOB / "chk-13")  # made while every commit waits
+    go.set()
+    for t in threads:
+        t.join(30)
+    assert done == {10: 10, 11: 11, 12: 12}
+    coord.complete_checkpoint(13, [snap])
+    b.close()
+    coord.shutdown()
+
+
+def test_a_location_that_failed_ahead_is_made_by_the_commit_its_name_durable(tmp_path, synced,
+                                                                              monkeypatch):
+    coord, b = _job(tmp_path)
+    coord.complete_checkpoint(1, [b.snapshot().result(timeout=30)])
+    job = os.path.realpath(tmp_path / "dfs" / JOB)
+    real, failed = local_mod._sync_dir, []
+
+    def fail_once(directory):
+        if not failed and os.path.realpath(directory) == job:
+            failed.append(directory)
+            raise OSError(5, "Input/output error (injected)")
+        real(directory)
+
+    monkeypatch.setattr(local_mod, "_sync_dir", fail_once)
+    synced.clear()
+    coord.begin_checkpoint(2)
+    coord.complete_checkpoint(2, [b.snapshot().result(timeout=30)])
+    assert failed and os.path.realpath(failed[0]) == job  # ahead: mkdir done, fsync failed
+    assert synced.count(job) == 1  # the commit fsynced the job directory after all
+    assert _chk(tmp_path) == {"chk-1": ["_metadata"], "chk-2": ["_metadata"]}
+    b.close()
+    coord.shutdown()
+
+
+def test_a_fenced_driver_removes_no_location(tmp_path):
+    from dstl_ray.checkpoint.locations import CheckpointLocations
+    from dstl_ray.errors import JobLeaseError
+
+    fenced = []
+
+    def guard():
+        if fenced:
+            raise JobLeaseError("taken over")
+
+    locs = CheckpointLocations(LocalStorage(), f"file://{tmp_path}/job", guard,
+                               lambda url: None)
+    locs.begin(1, f"file://{tmp_path}/job/chk-1/_metadata")
+    _wait_made(tmp_path / "job" / "chk-1")
+    fenced.append(True)
+    locs.begin(2, f"file://{tmp_path}/job/chk-2/_metadata")  # makes nothing either
+    locs.close()
+    assert sorted(os.listdir(tmp_path / "job")) == ["chk-1"]
+
+
 @pytest.fixture
 def synced(monkeypatch) -> list[str]:
     """The directories LocalStorage fsyncs, in order."""
@@ -128,8 +211,9 @@ def test_new_directories_are_durable_in_their_parents(tmp_path, synced):
     LocalStorage().make_dirs(f"file://{root}/a/b/c")
     assert synced == [root, f"{root}/a", f"{root}/a/b"]
     synced.clear()
-    LocalStorage().make_dirs(f"file://{root}/a/b/c")  # there already: nothing to do
-    assert synced == []
+    LocalStorage().make_dirs(f"file://{root}/a/b/c")  # there already: its name made durable
+    assert synced == [f"{root}/a/b"]
+    synced.clear()
     LocalStorage().create_file(f"file://{root}/a/x/_metadata", b"m")
     assert synced == [f"{root}/a", f"{root}/a/x"]  # the new chk-n, then its new name
     synced.clear()
@@ -138,6 +222,22 @@ def test_new_directories_are_durable_in_their_parents(tmp_path, synced):
     synced.clear()
     LocalStorage().append_file(f"file://{root}/w/seg", b"s")
     assert synced == [root, f"{root}/w"]
+
+
+def test_relative_directories_are_made_too(tmp_path, monkeypatch, synced):
+    monkeypatch.chdir(tmp_path)
+    local_mod._make_dirs("rel/a/b", True)
+    assert (tmp_path / "rel" / "a" / "b").is_dir()
+    assert synced == [str(tmp_path.resolve()), str((tmp_path / "rel").resolve()),
+                      str((tmp_path / "rel" / "a").resolve())]
+
+
+def test_make_dirs_makes_an_existing_directorys_name_durable(tmp_path, synced):
+    """Its maker may not have fsynced the parent yet: make_dirs (a chk-n ahead of its
+    metadata) does, whoever made it."""
+    (tmp_path / "there").mkdir()
+    LocalStorage().make_dirs(f"file://{tmp_path}/there")
+    assert synced == [str(tmp_path.resolve())]
 
 
 def test_no_fsync_storage_syncs_no_directory(tmp_path, synced):

@@ -36,7 +36,7 @@ def test_an_id_not_newer_than_the_newest_or_in_progress_is_refused():
     r.add(_cc(3))
     with pytest.raises(CheckpointDeclinedError, match="checkpoint 3 is already complete"):
         r.refuse_older(3, "j")
-    with pytest.raises(CheckpointDeclinedError, match="in progress already"):
+    with pytest.raises(CheckpointDeclinedError, match="or 5 in progress"):
         r.refuse_older(5, "j", {5})
     r.refuse_older(4, "j", {5})
     assert r.subsumed(2) == "checkpoint 2 subsumed: checkpoint 3 completed first"

@@ -34,8 +34,10 @@ def needs_unnamed(tmp_path: Path) -> None:
 
 @pytest.fixture
 def fsync_listings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]:
-    """What the directory ``tmp_path/d`` held at each fsync (the moments a temp file of a
-    temp + fsync + rename write exists)."""
+    """What the directory ``tmp_path/d`` (made first: a new directory's parent is fsynced
+    too) held at each fsync (the moments a temp file of a temp + fsync + rename write
+    exists)."""
+    (tmp_path / "d").mkdir()
     seen: list[list[str]] = []
     real = os.fsync
 
