@@ -26,7 +26,8 @@ slowest subtask's persist plus the checkpoint metadata) and state files created 
 
 Run: python -m experiments.spark_throughput [--quick] [--systems 0,1,3,4,5 --keep-from
 experiments/results/spark_throughput.json] (rows of systems not run are kept from an
-earlier run, each marked ``from_run`` with its date)
+earlier run, each marked ``from_run`` with its date) [--batches N] (micro-batches per run;
+each system once per run: a second query of the same system finds its input read)
 """
 
 from __future__ import annotations
