@@ -18,14 +18,16 @@ A location that never gets its metadata is removed when a newer checkpoint compl
 older than a complete one can no longer complete), when its own checkpoint is declined, and
 when the coordinator shuts down. Only an empty directory is ever removed, and only by a
 driver that still holds the job's lease (``guard``), as for every delete. A driver that
-crashes leaves its empty ``chk-n`` behind. Stores without directories (S3) have no location
-to make: there, all of this does nothing.
+crashes leaves its empty ``chk-n`` behind: the next run's orphan cleanup removes it
+(:func:`remove_abandoned_locations`). Stores without directories (S3) have no location to
+make: there, all of this does nothing.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import threading
 from collections.abc import Callable
 
@@ -33,6 +35,8 @@ from ..storage.base import Storage, join
 from .metadata import METADATA_FILE
 
 log = logging.getLogger(__name__)
+
+_LOCATION = re.compile(r"chk-\d+")
 
 
 def checkpoint_dir(job_path: str, checkpoint_id: int) -> str:
@@ -43,6 +47,29 @@ def checkpoint_dir(job_path: str, checkpoint_id: int) -> str:
 def metadata_url(job_path: str, checkpoint_id: int) -> str:
     """The ``_metadata`` of checkpoint ``checkpoint_id`` of the job at ``job_path``."""
     return join(checkpoint_dir(job_path, checkpoint_id), METADATA_FILE)
+
+
+def remove_abandoned_locations(job_path: str, storage: Storage,
+                               check: Callable[[], object]) -> list[str]:
+    """Remove the empty ``chk-n`` directories of the job at ``job_path`` (a crashed
+    driver's locations made ahead; a directory holding anything stays), each after
+    ``check`` (the lease's: it raises to stop). For the orphan cleanup of a restore, before
+    this run makes any; on a storage that lists directories (``list_dirs``). Returns the
+    URLs of those it tried."""
+    listing = getattr(storage, "list_dirs", None)
+    remove = getattr(storage, "delete_dir", None)
+    if listing is None or remove is None:
+        return []
+    tried = []
+    for url in listing(job_path):
+        if _LOCATION.fullmatch(url.rstrip("/").rsplit("/", 1)[-1]):
+            check()
+            try:
+                remove(url)
+                tried.append(url)
+            except Exception as e:  # noqa: BLE001 - an empty directory left costs nothing
+                log.debug("location %s not removed: %s", url, e)
+    return tried
 
 
 class CheckpointLocations:

@@ -33,6 +33,7 @@ from ..state.backend import ChangelogKeyedStateBackend
 from ..state.registry import SharedStateRegistry
 from ..storage.base import Storage, normalize_url
 from .lease import JobLease
+from .locations import remove_abandoned_locations
 from .metadata import split_metadata_url
 from .recovery import (
     SAVEPOINT_PREFIX,
@@ -187,6 +188,7 @@ def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLea
         lease.check(force=True)  # read it again: only the holder deletes orphans
         cleanup_orphans(job_path, keep_urls, storage, candidates=before,
                         incarnation=lease.incarnation, check=lease.check)
+        remove_abandoned_locations(job_path, storage, lease.check)  # empty chk-n dirs
 
 
 def savepoint_files(cc: CompletedCheckpoint) -> list[str]:

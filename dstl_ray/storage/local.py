@@ -249,6 +249,19 @@ class LocalStorage:
         except OSError as e:
             raise StorageError(f"cannot make directory {path}: {e}") from e
 
+    def list_dirs(self, path: str) -> list[str]:
+        """The URLs of the directories directly in directory ``path`` (none if it is
+        missing). Optional in the storage contract, as :meth:`delete_dir` is."""
+        root = self._local(path)
+        try:
+            with os.scandir(root) as it:
+                return sorted("file://" + os.path.join(root, e.name) for e in it
+                              if e.is_dir(follow_symlinks=False))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise StorageError(f"cannot list directories of {path}: {e}") from e
+
     def delete_dir(self, path: str) -> None:
         """Remove directory ``path`` if it is empty (a subsumed checkpoint's ``chk-n``);
         a missing or non-empty directory is left as it is. Optional in the storage

@@ -254,6 +254,10 @@ class FaultyStorage:
     def delete(self, path: str) -> None:
         self.inner.delete(path)
 
+    def list_dirs(self, path: str) -> list[str]:
+        listing = getattr(self.inner, "list_dirs", None)
+        return listing(path) if listing is not None else []
+
     def make_dirs(self, path: str) -> None:
         make = getattr(self.inner, "make_dirs", None)
         if make is not None:

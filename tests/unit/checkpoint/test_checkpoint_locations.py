@@ -93,6 +93,27 @@ def test_shutdown_removes_the_locations_never_completed(tmp_path):
     assert _chk(tmp_path) == {"chk-1": ["_metadata"]}
 
 
+def test_a_crashed_drivers_location_goes_with_the_next_runs_orphans(tmp_path):
+    """A driver that dies between making chk-n and its metadata leaves chk-n empty; the
+    next run's restore (its orphan cleanup) removes it and keeps the checkpoints."""
+    base = f"file://{tmp_path}/dfs"
+    coord, b = _job(tmp_path)
+    coord.register_backend(b)
+    b.value_state("v").update("k", 1)
+    coord.trigger_checkpoint().result(timeout=30)  # chk-1
+    coord.begin_checkpoint(2)
+    _wait_made(tmp_path / "dfs" / JOB / "chk-2")
+    coord.abandon()  # the driver dies
+    (tmp_path / "dfs" / JOB / "chk-9" / "x").mkdir(parents=True)  # not empty: stays
+    assert sorted(_chk(tmp_path)) == ["chk-1", "chk-2", "chk-9"]
+    nxt = d.CheckpointCoordinator(JOB, base, max_parallelism=MAXP, retained=2,
+                                  lease_ttl_s=0.5)
+    restored = nxt.restore(client(JOB, base), "op", 1)
+    assert restored[0].value_state("v").value("k") == 1
+    assert _chk(tmp_path) == {"chk-1": ["_metadata"], "chk-9": ["x"]}
+    nxt.shutdown()
+
+
 def test_a_location_begun_again_for_a_retained_checkpoint_is_left_whole(tmp_path):
     """Beginning an id that is complete already (a caller's mistake) makes nothing, and the
     location's later removal leaves a directory that holds a checkpoint as it is."""
