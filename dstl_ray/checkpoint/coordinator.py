@@ -122,7 +122,6 @@ class CheckpointCoordinator:
         # subsumed checkpoints are deleted in the background (Flink's CheckpointsCleaner)
         self.cleaner = CheckpointsCleaner(self.lease, self.registry, self._notify_subsumed)
         self.metadata = ExclusiveMetadata(self.storage, self.lease)  # never written over
-        # each chk-n made while its snapshots are taken (a replayed id's discard first)
         self.locations = CheckpointLocations(self.storage, self.job_path, self.lease.check,
                                              lambda url: self.cleaner.settle([url]))
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
@@ -386,7 +385,8 @@ class CheckpointCoordinator:
             if plan.claim and chosen is not None:
                 self._next_id = max(self._next_id, chosen.checkpoint_id + 1)
             self._retained.replace(plan.keep)
-        settle_files(plan, self.registry, self.lease, self.job_path, self.storage, before)
+        settle_files(plan, self.registry, self.lease, self.job_path, self.storage, before,
+                     self.locations.owns)
         self.restore_point.restored(checkpoint, mode, plan)
         if chosen is not None:
             claim_checkpoint_dirs(self.registry, self.job_path, chosen.metadata.snapshots)

@@ -36,7 +36,7 @@ from .metadata import METADATA_FILE
 
 log = logging.getLogger(__name__)
 
-_LOCATION = re.compile(r"chk-\d+")
+_LOCATION = re.compile(r"chk-([0-9]+)")
 
 
 def checkpoint_dir(job_path: str, checkpoint_id: int) -> str:
@@ -49,20 +49,27 @@ def metadata_url(job_path: str, checkpoint_id: int) -> str:
     return join(checkpoint_dir(job_path, checkpoint_id), METADATA_FILE)
 
 
-def remove_abandoned_locations(job_path: str, storage: Storage,
-                               check: Callable[[], object]) -> list[str]:
+def remove_abandoned_locations(job_path: str, storage: Storage, check: Callable[[], object],
+                               spare: Callable[[int], bool] = lambda n: False) -> list[str]:
     """Remove the empty ``chk-n`` directories of the job at ``job_path`` (a crashed
-    driver's locations made ahead; a directory holding anything stays), each after
-    ``check`` (the lease's: it raises to stop). For the orphan cleanup of a restore, before
-    this run makes any; on a storage that lists directories (``list_dirs``). Returns the
-    URLs of those it tried."""
+    driver's locations made ahead; a directory holding anything stays) but those of the ids
+    ``spare`` names (this run's own, begun meanwhile), each after ``check`` (the lease's:
+    it raises to stop). For the orphan cleanup of a restore; on a storage that lists
+    directories (``list_dirs``); a listing that fails leaves them all. Returns the URLs of
+    those it tried."""
     listing = getattr(storage, "list_dirs", None)
     remove = getattr(storage, "delete_dir", None)
     if listing is None or remove is None:
         return []
+    try:
+        dirs = listing(job_path)
+    except Exception as e:  # noqa: BLE001 - a tidy-up: it never fails the restore
+        log.warning("empty checkpoint directories of %s not removed: %s", job_path, e)
+        return []
     tried = []
-    for url in listing(job_path):
-        if _LOCATION.fullmatch(url.rstrip("/").rsplit("/", 1)[-1]):
+    for url in dirs:
+        m = _LOCATION.fullmatch(url.rstrip("/").rsplit("/", 1)[-1])
+        if m and not spare(int(m.group(1))):
             check()
             try:
                 remove(url)
@@ -109,6 +116,12 @@ class CheckpointLocations:
         self._guard()  # a driver fenced meanwhile makes nothing in the job
         self._before_make(metadata_url)
         self._make(checkpoint_dir(self.job_path, checkpoint_id))
+
+    def owns(self, checkpoint_id: int) -> bool:
+        """Whether checkpoint ``checkpoint_id``'s location is this run's (begun, not yet
+        committed or removed)."""
+        with self._lock:
+            return checkpoint_id in self._begun or checkpoint_id in self._ready
 
     def ready(self, checkpoint_id: int) -> None:
         """Before checkpoint ``checkpoint_id``'s metadata is written: its location, if

@@ -174,11 +174,13 @@ def register_kept(plan: RestorePlan, registry: SharedStateRegistry) -> None:
 
 
 def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLease,
-                 job_path: str, storage: Storage, before: list[str] | None) -> None:
+                 job_path: str, storage: Storage, before: list[str] | None,
+                 own_location: Callable[[int], bool] = lambda n: False) -> None:
     """The rest of the files side of a restore (after :func:`register_kept`): foreign
     files are protected, and, given ``before`` (a listing of the job directory taken before
     the restore wrote anything), every file in it that nothing kept uses is deleted as an
-    orphan (FLIP-158 "Cleanup after recovery"), by the lease's holder only."""
+    orphan (FLIP-158 "Cleanup after recovery"), by the lease's holder only, and every empty
+    ``chk-n`` but this run's own (``own_location``) is removed."""
     if plan.foreign and plan.chosen is not None:
         registry.protect(plan.chosen.files)
     named = plan.keep + ([plan.chosen] if plan.chosen is not None else [])
@@ -188,7 +190,7 @@ def settle_files(plan: RestorePlan, registry: SharedStateRegistry, lease: JobLea
         lease.check(force=True)  # read it again: only the holder deletes orphans
         cleanup_orphans(job_path, keep_urls, storage, candidates=before,
                         incarnation=lease.incarnation, check=lease.check)
-        remove_abandoned_locations(job_path, storage, lease.check)  # empty chk-n dirs
+        remove_abandoned_locations(job_path, storage, lease.check, own_location)
 
 
 def savepoint_files(cc: CompletedCheckpoint) -> list[str]:

@@ -114,6 +114,28 @@ def test_a_crashed_drivers_location_goes_with_the_next_runs_orphans(tmp_path):
     nxt.shutdown()
 
 
+def test_the_cleanup_spares_this_runs_locations_and_never_fails_a_restore(tmp_path):
+    from dstl_ray.checkpoint.locations import remove_abandoned_locations
+    from dstl_ray.errors import StorageError
+
+    for n in (3, 4, 12):
+        (tmp_path / "job" / f"chk-{n}").mkdir(parents=True)
+    (tmp_path / "job" / "chk-x").mkdir()  # not a location's name
+    st, checks = LocalStorage(), []
+    tried = remove_abandoned_locations(f"file://{tmp_path}/job", st,
+                                       lambda: checks.append(1), spare=lambda n: n == 4)
+    assert sorted(os.listdir(tmp_path / "job")) == ["chk-4", "chk-x"]
+    assert len(tried) == len(checks) == 2  # a lease check before each removal
+
+    class Unlistable(LocalStorage):
+        def list_dirs(self, path):
+            raise StorageError(f"cannot list directories of {path}: injected")
+
+    assert remove_abandoned_locations(f"file://{tmp_path}/job", Unlistable(),
+                                      lambda: None) == []
+    assert sorted(os.listdir(tmp_path / "job")) == ["chk-4", "chk-x"]
+
+
 def test_a_location_begun_again_for_a_retained_checkpoint_is_left_whole(tmp_path):
     """Beginning an id that is complete already (a caller's mistake) makes nothing, and the
     location's later removal leaves a directory that holds a checkpoint as it is."""
