@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 
 from ..storage.base import Storage, join
-from .metadata import METADATA_FILE
+from .metadata import METADATA_FILE, remove_checkpoint_dir
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,7 @@ def remove_abandoned_locations(job_path: str, storage: Storage, check: Callable[
     directories (``list_dirs``); a listing that fails leaves them all. Returns the URLs of
     those it tried."""
     listing = getattr(storage, "list_dirs", None)
-    remove = getattr(storage, "delete_dir", None)
-    if listing is None or remove is None:
+    if listing is None:
         return []
     try:
         dirs = listing(job_path)
@@ -71,11 +70,8 @@ def remove_abandoned_locations(job_path: str, storage: Storage, check: Callable[
         m = _LOCATION.fullmatch(url.rstrip("/").rsplit("/", 1)[-1])
         if m and not spare(int(m.group(1))):
             check()
-            try:
-                remove(url)
-                tried.append(url)
-            except Exception as e:  # noqa: BLE001 - an empty directory left costs nothing
-                log.debug("location %s not removed: %s", url, e)
+            remove_checkpoint_dir(storage, join(url, METADATA_FILE))  # (only if empty)
+            tried.append(url)
     return tried
 
 
@@ -91,7 +87,6 @@ class CheckpointLocations:
         self.storage = storage
         self.job_path = job_path
         self._make = getattr(storage, "make_dirs", None)
-        self._remove = getattr(storage, "delete_dir", None)
         self._guard = guard
         self._before_make = before_make
         self._lock = threading.Lock()
@@ -167,13 +162,12 @@ class CheckpointLocations:
             made = self._begun.pop(checkpoint_id, None)
         if made is not None and not made.cancel():
             concurrent.futures.wait([made])
-        if self._remove is None:
-            return
         try:
             self._guard()  # a driver fenced meanwhile deletes nothing
-            self._remove(checkpoint_dir(self.job_path, checkpoint_id))
         except Exception as e:  # noqa: BLE001 - an empty directory left costs nothing more
             log.debug("location of checkpoint %d not removed: %s", checkpoint_id, e)
+            return
+        remove_checkpoint_dir(self.storage, metadata_url(self.job_path, checkpoint_id))
 
     def close(self) -> None:
         """Remove every location begun and never completed, and make no more (shutting
