@@ -119,15 +119,27 @@ def encode_section(
     if not changesets:
         raise ValueError("a section needs at least one changeset")
     per_kg: dict[int, list[tuple[int, list[bytes]]]] = {}
-    for cs in changesets:
-        for kg, value in cs.entries:
-            runs = per_kg.get(kg)
-            if runs is None:
-                per_kg[kg] = [(cs.sqn, [value])]
-            elif runs[-1][0] == cs.sqn:
-                runs[-1][1].append(value)
+    if len(changesets) == 1:  # a checkpoint's usual request: one changeset, grouped flat
+        sqn = changesets[0].sqn
+        groups: dict[int, list[bytes]] = {}
+        get = groups.get
+        for kg, value in changesets[0].entries:
+            values = get(kg)
+            if values is None:
+                groups[kg] = [value]
             else:
-                runs.append((cs.sqn, [value]))
+                values.append(value)
+        per_kg = {kg: [(sqn, values)] for kg, values in groups.items()}
+    else:
+        for cs in changesets:
+            for kg, value in cs.entries:
+                runs = per_kg.get(kg)
+                if runs is None:
+                    per_kg[kg] = [(cs.sqn, [value])]
+                elif runs[-1][0] == cs.sqn:
+                    runs[-1][1].append(value)
+                else:
+                    runs.append((cs.sqn, [value]))
     flags = FLAG_ZSTD if compression == "zstd" else 0
     comp = _compressor() if flags & FLAG_ZSTD else None
     out: list[bytes] = []
@@ -137,11 +149,12 @@ def encode_section(
     for kg in sorted(per_kg):
         runs = per_kg[kg]
         parts: list[bytes] = []
+        add = parts.append
         for sqn, values in runs:
-            parts.append(pack_cs(sqn, len(values)))
+            add(pack_cs(sqn, len(values)))
             for v in values:
-                parts.append(pack_u32(len(v)))
-                parts.append(v)
+                add(pack_u32(len(v)))
+                add(v)
         raw = b"".join(parts)
         stored = comp.compress(raw) if comp is not None else raw
         head = _BLOCK.pack(BLOCK_MAGIC, log_id, kg, flags, runs[0][0], runs[-1][0], len(runs),

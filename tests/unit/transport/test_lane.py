@@ -23,7 +23,13 @@ from dstl_ray.errors import (
 )
 from dstl_ray.node.lane_server import LaneServer
 from dstl_ray.transport.lane import Lane, LaneClosedError, frame, machine_id, open_lane
-from dstl_ray.transport.lane_codec import decode_answer, decode_call, encode_answer, encode_call
+from dstl_ray.transport.lane_codec import (
+    HELLO,
+    decode_answer,
+    decode_call,
+    encode_answer,
+    encode_call,
+)
 from dstl_ray.transport.sender import Caller
 
 from .lane_util import _Loop, _Node, _req, _seg
@@ -83,11 +89,25 @@ def test_a_wrong_token_is_refused(served):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a pickle instead of the hello
     s.connect(info["path"])
     s.settimeout(5)
-    s.sendall(frame(b"DSTL-LANE/1" + server.token.encode()))  # a frame, not the raw hello
+    s.sendall(frame(HELLO + server.token.encode()))  # a frame, not the raw hello
     assert s.recv(2) == b"NO"
     s.close()
     assert open_lane(info, "node-a") is None  # the transport then uses Ray
     assert server.stats()["refused"] == 3 and not seen
+
+
+def test_a_peer_of_the_earlier_protocol_is_refused_and_goes_by_ray(served):
+    """Protocol /1 sent a section's index as JSON lists, /2 packs it: a writer or child node
+    of the other version is refused at the hello (before it sends a call the node would read
+    wrongly), and its transport uses Ray calls instead."""
+    server, _loop, seen = served
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(server.info()["path"])
+    s.settimeout(5)
+    s.sendall(b"DSTL-LANE/1" + server.token.encode())
+    assert s.recv(2) == b"NO"
+    s.close()
+    assert HELLO == b"DSTL-LANE/2" and server.stats()["refused"] == 1 and not seen
 
 
 def test_a_garbage_frame_closes_that_connection_only(served):

@@ -2,7 +2,8 @@
 point anywhere but at the caller's own bytes: a blob index out of range (a negative one, as
 Python would read it from the end), a blob named twice or by nobody, and index entries
 outside their section. Each refusal names what is wrong and keeps the call id, so the server
-answers that call alone."""
+answers that call alone. A section's index travels packed, without log ids: an entry of
+another log cannot be sent (the encoder refuses it) nor received."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from dstl_ray.errors import DstlError
 from dstl_ray.format.changelog import BlockIndex, EncodedSection
 from dstl_ray.transport.base import PersistRequest
-from dstl_ray.transport.lane_codec import decode_call, encode_call
+from dstl_ray.transport.lane_codec import INDEX_ENTRY, decode_call, encode_call
 from dstl_ray.transport.sender import Caller
 
 _U32 = struct.Struct(">I")
@@ -70,19 +71,33 @@ def test_a_blob_named_twice_or_by_nobody_is_refused(method):
         decode_call(_edited(method, drop_second))
 
 
+def _packed(*entries: tuple[int, int, int, int, int]) -> str:
+    return b"".join(INDEX_ENTRY.pack(*e) for e in entries).hex()
+
+
 @pytest.mark.parametrize("entry, what", [
-    ([3, 1, 2, 0, 99], "bytes 0\\+99\\) outside its section of 20 bytes"),
-    ([3, 1, 2, -4, 4], "bytes -4\\+4"),
-    ([3, 1, 2, 4, -1], "bytes 4\\+-1"),
-    ([-1, 1, 2, 0, 4], "key group -1"),
-    ([3, 5, 2, 0, 4], "sqns 5..2"),
+    ((3, 1, 2, 0, 99), "bytes 0\\+99\\) outside its section of 20 bytes"),
+    ((3, 1, 2, 19, 2), "bytes 19\\+2\\)"),
+    ((3, 5, 2, 0, 4), "sqns 5..2"),
 ])
 def test_index_entries_outside_their_section_are_refused(entry, what):
     def edit(h):
-        h["r"][0]["sec"]["idx"][0][1:] = entry
+        h["r"][0]["sec"]["idx"] = _packed(entry)
 
     with pytest.raises(DstlError, match=what):
         decode_call(_edited("persist_many", edit))
+
+
+@pytest.mark.parametrize("idx, what", [
+    ("00" * (INDEX_ENTRY.size + 3), f"not whole entries of {INDEX_ENTRY.size}"),
+    ("zz", "section index is not hex"),
+    ([[0, 3, 1, 2, 0, 4]], "section index is list"),  # the JSON lists of protocol /1
+])
+def test_a_section_index_that_is_not_packed_entries_is_refused(idx, what):
+    with pytest.raises(DstlError, match=what) as e:
+        decode_call(_edited("persist_batch", lambda h: h["r"][1]["sec"].__setitem__(
+            "idx", idx)))
+    assert e.value.call_id == 11
 
 
 def test_section_sqns_and_a_mark_with_blobs_are_refused():
@@ -100,21 +115,30 @@ def test_a_well_formed_frame_still_decodes():
     assert decode_call(encode_call(1, "persist_many", (reqs,))) == (1, "persist_many", (reqs,))
 
 
-def test_an_index_entry_of_another_log_is_refused():
-    """Before the fix an entry naming another log's id decoded: the node would have indexed
-    this request's bytes as that log's block."""
-    def edit(h):
-        h["r"][0]["sec"]["idx"][0][0] = "ff" * 16
+def test_an_index_entry_of_another_log_is_never_sent_and_entries_are_their_sections():
+    """The node must never index one request's bytes as another log's block: the encoder
+    refuses such a section before anything goes out (the caller then goes by Ray, where the
+    node's own checks apply), and a decoded entry is always of its section's log."""
+    log, other = bytes(range(16)), b"\xff" * 16
+    section = EncodedSection(log, b"abcd", (BlockIndex(other, 3, 1, 2, 0, 4),), 1, 2, 0)
+    with pytest.raises(DstlError, match="indexes another log's block"):
+        encode_call(1, "persist_many", ([PersistRequest("job", section, "s")],))
+    (req,) = decode_call(encode_call(1, "persist_many", ([_req("first")],)))[2][0]
+    assert {e.log_id for e in req.section.index} == {log}
 
-    with pytest.raises(DstlError, match="index entry of log ffff.* in a section of log 0001"):
-        decode_call(_edited("persist_many", edit))
+
+def test_an_index_field_beyond_its_width_is_refused_before_sending():
+    log = bytes(range(16))
+    section = EncodedSection(log, b"abcd", (BlockIndex(log, 1 << 32, 1, 2, 0, 4),), 1, 2, 0)
+    with pytest.raises(DstlError, match="index entry the lane cannot carry"):
+        encode_call(1, "persist_many", ([PersistRequest("job", section, "s")],))
 
 
 @pytest.mark.parametrize("sqns", [[0, 2], [1, 3], [0, 5]])
 def test_index_entry_sqns_outside_their_sections_are_refused(sqns):
     """The section holds sqns 1..2; before the fix an entry claiming others decoded."""
     def edit(h):
-        h["r"][0]["sec"]["idx"][0][2:4] = sqns
+        h["r"][0]["sec"]["idx"] = _packed((3, sqns[0], sqns[1], 0, 4))
 
     with pytest.raises(DstlError, match=f"sqns {sqns[0]}..{sqns[1]}.* section's sqns 1..2"):
         decode_call(_edited("persist_batch", edit))
