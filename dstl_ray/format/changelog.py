@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import google_crc32c
 
@@ -64,9 +65,10 @@ class Changeset:
     entries: tuple[tuple[int, bytes], ...]
 
 
-@dataclass(frozen=True)
-class BlockIndex:
-    """Footer entry: where one (log, key group) block lies and which sqns it holds."""
+class BlockIndex(NamedTuple):
+    """Footer entry: where one (log, key group) block lies and which sqns it holds. A named
+    tuple, not a frozen dataclass: a flush, a lane call and a file's index make hundreds
+    (a frozen dataclass cost ~1.8 us each to build, a tuple ~0.3)."""
 
     log_id: bytes
     key_group: int
@@ -96,12 +98,6 @@ class EncodedSection:
     sqn_min: int
     sqn_max: int
     flags: int
-
-    def shifted(self, base: int) -> tuple[BlockIndex, ...]:
-        return tuple(
-            BlockIndex(e.log_id, e.key_group, e.sqn_min, e.sqn_max, e.offset + base, e.length)
-            for e in self.index
-        )
 
 
 def _compressor():  # imported lazily: only files written with zstd need it
@@ -181,17 +177,15 @@ def assemble_file(sections: Sequence[EncodedSection]) -> tuple[bytes, list[int]]
     parts = [encode_header(flags)]
     pos = HEADER_SIZE
     offsets: list[int] = []
-    entries: list[BlockIndex] = []
+    pack = _INDEX_ENTRY.pack
+    entries: list[bytes] = []  # each section's index entries, shifted to where it lands
     for s in sections:
         offsets.append(pos)
-        entries.extend(s.shifted(pos))
+        entries.extend([pack(e.log_id, e.key_group, e.sqn_min, e.sqn_max, e.offset + pos,
+                             e.length) for e in s.index])
         parts.append(s.data)
         pos += len(s.data)
-    footer = [_FOOTER_HEAD.pack(FOOTER_MAGIC, len(entries))]
-    for e in entries:
-        footer.append(_INDEX_ENTRY.pack(e.log_id, e.key_group, e.sqn_min, e.sqn_max, e.offset,
-                                        e.length))
-    footer_bytes = b"".join(footer)
+    footer_bytes = b"".join([_FOOTER_HEAD.pack(FOOTER_MAGIC, len(entries)), *entries])
     footer_bytes += _U32.pack(crc32c(footer_bytes))
     trailer = _TRAILER.pack(pos, len(footer_bytes))
     trailer += _U32.pack(crc32c(trailer)) + TRAILER_MAGIC
