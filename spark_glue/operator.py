@@ -41,6 +41,7 @@ from dstl_ray.state.snapshot import KeyedStateSnapshot
 from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
+from .combine import Combine, check_combine
 from .initial import InitialState
 from .initial_frame import InitialFrame, is_frame
 from .placement import Placement
@@ -105,8 +106,11 @@ class KeyedStatefulOperator:
     refreshed by writes). Its duration may change between runs; adding or removing one for a
     state a restored checkpoint names is refused: stored values carry timestamps or not.
 
-    ``combine`` (pandas in and out, the key column kept) runs on each input partition's rows
-    before the shuffle (Spark's partial aggregation); the update gets its outputs as rows.
+    ``combine`` folds the batch's rows per key before the update sees them
+    (:mod:`spark_glue.combine`): a function (pandas in and out, the key column kept) runs on
+    each input partition's rows before the shuffle; a mapping of output column to Spark
+    aggregate expression (``{"n": F.count("*")}``) runs as ``groupBy(key).agg(...)`` in the
+    JVM. The update gets the combiner's rows.
 
     ``state_schema``: state names to types (Spark DDL or pyarrow) that may evolve between
     runs; ``drop_state``: states to remove (:mod:`spark_glue.state_shapes`).
@@ -138,7 +142,7 @@ class KeyedStatefulOperator:
                  timer_sink: Sink | None = None,
                  state_schema: Mapping[str, Any] | None = None,
                  drop_state: Sequence[str] | None = None,
-                 combine: Callable[[Any], Any] | None = None) -> None:
+                 combine: Combine | None = None) -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -176,9 +180,7 @@ class KeyedStatefulOperator:
                 or not 0 <= allowed_delay < float("inf"):
             raise ConfigError(f"allowed_delay must be seconds >= 0, got {allowed_delay!r}")
         self.on_timer, self.event_time = on_timer, event_time
-        if combine is not None and not callable(combine):
-            raise ConfigError(f"combine must be callable, got {combine!r}")
-        self.combine = combine  # map-side, per input partition (spark_glue.routing)
+        self.combine = check_combine(combine, key, event_time)  # (spark_glue.combine)
         if on_missing_state not in ON_MISSING_STATE:
             raise ConfigError(f"on_missing_state must be one of "
                               f"{', '.join(ON_MISSING_STATE)}, got {on_missing_state!r}")

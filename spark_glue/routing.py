@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .archives import keep_spark_archive_indexes
+from .combine import Combine, combined_in_spark
 
 ROUTE, SUBTASK, PAYLOAD = "_dstl_route", "_dstl_subtask", "_dstl_payload"
 
@@ -238,11 +239,12 @@ class MapSide:
 
 
 def route(df: Any, key: str, max_parallelism: int, parallelism: int,
-          combine: Callable[[Any], Any] | None = None, extra: Any = None,
+          combine: Combine | None = None, extra: Any = None,
           map_side: MapSide | None = None) -> Any:
     """Steps 1 and 2: ``df``'s rows as Arrow payloads, partition ``i`` holding subtask
-    ``i``'s; ``df``'s input partitions through ``combine`` first (if given), and ``extra``'s
-    rows routed alongside, uncombined (the initial state's, spark_glue.initial_frame).
+    ``i``'s; ``df``'s rows through ``combine`` first (if given: a function per input
+    partition, a mapping in the JVM, :mod:`spark_glue.combine`), and ``extra``'s rows routed
+    alongside, uncombined (the initial state's, spark_glue.initial_frame).
     ``map_side``: the operator's UDFs (a new one's otherwise)."""
     from pyspark.sql.functions import col
 
@@ -252,6 +254,7 @@ def route(df: Any, key: str, max_parallelism: int, parallelism: int,
         raise ConfigError(f"key column {key!r} is not in the micro-batch's columns "
                           f"{df.columns}")
     udfs = map_side or MapSide()
+    df, combine = combined_in_spark(df, key, combine)
     payloads = udfs.apply(df, key, max_parallelism, parallelism, combine)
     if extra is not None:
         payloads = payloads.union(udfs.apply(extra, key, max_parallelism, parallelism, None))

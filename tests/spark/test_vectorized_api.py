@@ -1,17 +1,22 @@
 """The vectorized (pandas) update API on RayDP over several Ray nodes, micro-batch by
 micro-batch: its state equals a batch recomputation, also after an empty micro-batch and a
 task that fails half-way and is retried; the sink gets the outputs as a Spark DataFrame of
-the given schema; and the per-key API, and the vectorized one with a map-side combiner, on
-the same batches leave the same state."""
+the given schema; and the per-key API, and the vectorized one with a map-side combiner or a
+combiner run in Spark's JVM (a mapping of aggregates), on the same batches leave the same
+state. A mapping combiner that is not one is refused, naming what is wrong."""
 
 from __future__ import annotations
 
 import sys
 
 import pandas as pd
+import pytest
 from pyspark import cloudpickle
+from pyspark.sql import functions as F
 
+from dstl_ray.errors import ConfigError
 from spark_glue import KeyedStatefulOperator
+from spark_glue.combine import check_combine
 from spark_glue.routing import route_values
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -80,6 +85,11 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
     comb = KeyedStatefulOperator("vec-comb", key="user", update=add_partials, api="pandas",
                                  combine=partial, namespace=namespace, parallelism=3,
                                  max_parallelism=32, materialization_interval=0.0)
+    # the same partial counts and sums as Spark aggregates: one row per key of the batch
+    jvm = KeyedStatefulOperator("vec-jvm", key="user", update=add_partials, api="pandas",
+                                combine={"n": F.count("*"), "total": F.sum("amount")},
+                                namespace=namespace, parallelism=3, max_parallelism=32,
+                                materialization_interval=0.0)
     want: dict[str, dict] = {"count": {}, "sum": {}}
     try:
         for b, data in enumerate(batches):
@@ -88,12 +98,13 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
             rows.process_batch(df, b)
             combined = comb.process_batch(df, b)
             assert combined.rows <= min(len(data), 40 * df.rdd.getNumPartitions())
+            assert jvm.process_batch(df, b).rows == len({u for u, _ in data})
             for u, a in data:
                 want["count"][u] = want["count"].get(u, 0) + 1
                 want["sum"][u] = want["sum"].get(u, 0) + a
             assert stats.rows == len(data)
             assert stats.retries == (1 if data else 0)  # u7's task, failed half-way once
-        assert vec.state() == want == rows.state() == comb.state()
+        assert vec.state() == want == rows.state() == comb.state() == jvm.state()
         assert sorted(sunk) == [0, 1, 2] and sunk[1] == []
         last = {r["user"]: (r["count"], r["sum"]) for b in sorted(sunk) for r in sunk[b]}
         assert last == {u: (c, None if u == "u0" else want["sum"][u])
@@ -102,3 +113,19 @@ def test_vectorized_api_state_outputs_retries_and_empty_batches(spark, tree_fact
         vec.close()
         rows.close()
         comb.close()
+        jvm.close()
+
+
+def test_a_combine_mapping_must_be_spark_aggregates_and_keep_event_time(spark):
+    ok = {"n": F.count("*")}
+    assert check_combine(ok, "user", None) == ok and check_combine(None, "user", None) is None
+    assert check_combine(partial, "user", "ts") is partial  # a function: as before
+    for bad, what in [({}, "at least one output column"),
+                      ({"user": F.count("*")}, "names other than the key column 'user'"),
+                      ({"n": "count(*)"}, r"combine\['n'\] must be a Spark aggregate"),
+                      ([("n", F.count("*"))], "a function .* or a mapping")]:
+        with pytest.raises(ConfigError, match=what):
+            check_combine(bad, "user", None)
+    with pytest.raises(ConfigError, match="with event_time='ts', combine must produce"):
+        check_combine(ok, "user", "ts")
+    assert list(check_combine({**ok, "ts": F.max("ts")}, "user", "ts")) == ["n", "ts"]
