@@ -38,6 +38,7 @@ from ..transport.lane_codec import (
     _LEN,
     HELLO,
     METHODS,
+    PROTOCOL,
     TOKEN_BYTES,
     decode_call,
     encode_answer,
@@ -209,7 +210,14 @@ class LaneServer:
                                            HELLO_TIMEOUT_S)
             if not hmac.compare_digest(hello, hello_bytes(self.token)):
                 self.refused += 1
-                log.warning("%s: lane connection without the node's token refused", self.node)
+                if hello.startswith(PROTOCOL) and not hello.startswith(HELLO):
+                    log.warning("%s: lane connection of protocol %s refused (this node "
+                                "speaks %s): that peer uses Ray calls", self.node,
+                                hello[:len(HELLO)].decode("ascii", "replace"),
+                                HELLO.decode())
+                else:
+                    log.warning("%s: lane connection without the node's token refused",
+                                self.node)
                 writer.write(b"NO")
                 await writer.drain()
                 return

@@ -41,7 +41,8 @@ METHODS = ("persist_many", "mark", "persist_batch")
 
 # /2: a section's index packed (/1 sent it as JSON lists); a peer of another version is
 # refused at the hello and talks to the node by Ray calls instead
-HELLO = b"DSTL-LANE/2"
+PROTOCOL = b"DSTL-LANE/"
+HELLO = PROTOCOL + b"2"  # (a hello's length is fixed: the node reads exactly that many)
 TOKEN_BYTES = 32  # the token's length in hex characters
 _LEN = struct.Struct(">Q")
 MAX_FRAME = 1 << 36  # 64 GiB: a length beyond it is a corrupt frame, not a request

@@ -96,10 +96,11 @@ def test_a_wrong_token_is_refused(served):
     assert server.stats()["refused"] == 3 and not seen
 
 
-def test_a_peer_of_the_earlier_protocol_is_refused_and_goes_by_ray(served):
+def test_a_peer_of_the_earlier_protocol_is_refused_and_goes_by_ray(served, caplog):
     """Protocol /1 sent a section's index as JSON lists, /2 packs it: a writer or child node
     of the other version is refused at the hello (before it sends a call the node would read
-    wrongly), and its transport uses Ray calls instead."""
+    wrongly), logged as a protocol mismatch (not as a bad token), and its transport uses
+    Ray calls instead (whose requests pickle alike in both versions)."""
     server, _loop, seen = served
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(server.info()["path"])
@@ -108,6 +109,7 @@ def test_a_peer_of_the_earlier_protocol_is_refused_and_goes_by_ray(served):
     assert s.recv(2) == b"NO"
     s.close()
     assert HELLO == b"DSTL-LANE/2" and server.stats()["refused"] == 1 and not seen
+    assert "of protocol DSTL-LANE/1 refused (this node speaks DSTL-LANE/2)" in caplog.text
 
 
 def test_a_garbage_frame_closes_that_connection_only(served):

@@ -117,8 +117,9 @@ def test_a_well_formed_frame_still_decodes():
 
 def test_an_index_entry_of_another_log_is_never_sent_and_entries_are_their_sections():
     """The node must never index one request's bytes as another log's block: the encoder
-    refuses such a section before anything goes out (the caller then goes by Ray, where the
-    node's own checks apply), and a decoded entry is always of its section's log."""
+    refuses such a section before anything goes out (the call fails with that error, its
+    requests sent again with the writers' next ones), and a decoded entry is always of its
+    section's log."""
     log, other = bytes(range(16)), b"\xff" * 16
     section = EncodedSection(log, b"abcd", (BlockIndex(other, 3, 1, 2, 0, 4),), 1, 2, 0)
     with pytest.raises(DstlError, match="indexes another log's block"):
