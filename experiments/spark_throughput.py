@@ -13,7 +13,11 @@ RayDP over 3 Ray nodes (3 executors x 1 core), one run, side by side:
   ``combine`` as a mapping of Spark aggregates, :data:`COMBINE`: each key's count and sum of
   the batch computed in the JVM, partial aggregation and shuffle as the native aggregation
   does them, so one row per key and batch reaches Python; spark_glue.combine);
-- ``dstl-ray per-key + combine``: the per-key API over the same combiner's rows.
+- ``dstl-ray per-key + combine``: the per-key API over the same combiner's rows;
+- ``dstl-ray vectorized + map-side combine``: the vectorized API with ``combine`` as a
+  pandas function (:func:`partial_count_and_sum`) run on each input partition's rows in the
+  map task's Python worker before the shuffle: one stage fewer than the Spark aggregates,
+  but every input row crosses into Python.
 
 Every system computes the same per-user count and sum (dstl-ray: typed states, ``bigint``)
 and emits each updated key's totals
@@ -49,7 +53,8 @@ from .vs_spark_state_store import ROCKSDB, _progress, _run_query
 NS = "spark-tp"
 SCHEMA = "user STRING, amount LONG"
 SYSTEMS = ("dstl-ray per-key", "dstl-ray vectorized", "Spark applyInPandasWithState",
-           "Spark groupBy().agg()", "dstl-ray vectorized + combine", "dstl-ray per-key + combine")
+           "Spark groupBy().agg()", "dstl-ray vectorized + combine", "dstl-ray per-key + combine",
+           "dstl-ray vectorized + map-side combine")
 
 
 def per_key(key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int]]:
@@ -77,6 +82,13 @@ def count_and_sum() -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     return {"n": F.count("*"), "total": F.sum("amount")}
+
+
+def partial_count_and_sum(pdf: Any) -> Any:
+    """The map-side combiner (``combine`` as a function): per key of one input partition,
+    its events' count and sum, in pandas."""
+    return pdf.groupby("user", as_index=False, sort=False).agg(n=("amount", "size"),
+                                                               total=("amount", "sum"))
 
 
 def per_key_combined(key: Any, rows: list[Any], state: Any) -> list[tuple[Any, int, int]]:
@@ -138,16 +150,19 @@ def _stats(system: str, events: int, keys: int, batch_ms: list[float],
 
 
 def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: int, keys: int,
-             batches: int, combine: bool = False) -> dict[str, Any]:
+             batches: int, combine: bool | str = False) -> dict[str, Any]:
     from spark_glue import KeyedStatefulOperator
 
-    job = f"tp-{api}{'-combine' if combine else ''}-{events}-{keys}"
+    kind = "-combine" if combine is True else f"-{combine}" if combine else ""
+    job = f"tp-{api}{kind}-{events}-{keys}"
     update = {("rows", False): per_key, ("rows", True): per_key_combined,
-              ("pandas", False): vectorized, ("pandas", True): vectorized_combined}[api, combine]
+              ("pandas", False): vectorized, ("pandas", True): vectorized_combined,
+              ("pandas", "map-side"): vectorized_combined}[api, combine]
     op = KeyedStatefulOperator(job, key="user", update=update, api=api, namespace=NS,
                                parallelism=3, max_parallelism=128,
                                materialization_interval=10.0, sink=lambda b, out: None,
-                               combine=count_and_sum() if combine else None,
+                               combine=(partial_count_and_sum if combine == "map-side"
+                                        else count_and_sum() if combine else None),
                                state_schema={"count": "bigint", "sum": "bigint"})
 
     def start() -> Any:
@@ -162,7 +177,7 @@ def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: in
             q.stop()
         h = list(op.history)[:batches]
         system = {("rows", False): 0, ("rows", True): 5, ("pandas", False): 1,
-                  ("pandas", True): 4}[api, combine]
+                  ("pandas", True): 4, ("pandas", "map-side"): 6}[api, combine]
         return _stats(SYSTEMS[system],
                       events, keys,
                       [p["durationMs"]["triggerExecution"] for p in prog],
@@ -217,11 +232,12 @@ def plot(rows: list[dict[str, Any]], sizes: list[tuple[int, int]]) -> Any:
         return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k"
 
     labels = [f"{short(e)} ev\n{short(k)} keys" for e, k in sizes]
-    width = 0.14
-    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:green", "tab:purple"]
+    width = 0.12
+    colors = ["tab:blue", "tab:cyan", "tab:orange", "tab:red", "tab:green", "tab:purple",
+              "tab:olive"]
     for si, system in enumerate(SYSTEMS):
         by = {(r["events_per_batch"], r["keys"]): r for r in rows if r["system"] == system}
-        xs = [i + (si - 2.5) * width for i in range(len(sizes))]
+        xs = [i + (si - 3) * width for i in range(len(sizes))]
         axes[0].bar(xs, [by[s]["events_per_s"] if s in by else 0 for s in sizes], width,
                     label=system, color=colors[si])
         axes[1].bar(xs, [by[s]["batch_ms_p50"] if s in by else 0 for s in sizes], width,
@@ -287,10 +303,10 @@ def main() -> None:
                 write_inputs(src, n, e, k, seed=e + k)
                 for si in systems:
                     t0 = time.perf_counter()
-                    if si in (0, 1, 4, 5):
+                    if si in (0, 1, 4, 5, 6):
                         r = run_dstl(spark, src, work, base,
                                      "rows" if si in (0, 5) else "pandas", e, k, n,
-                                     combine=si in (4, 5))
+                                     combine="map-side" if si == 6 else si in (4, 5))
                     else:
                         r = run_spark(spark, src, work, "pandas" if si == 2 else "agg", e, k, n)
                     rows.append(r)
@@ -328,7 +344,9 @@ def main() -> None:
                "vectorized_over_native_agg": ratio(SYSTEMS[1], SYSTEMS[3], e, k),
                "vectorized_combine_over_native_agg": ratio(SYSTEMS[4], SYSTEMS[3], e, k),
                "per_key_over_native_agg": ratio(SYSTEMS[0], SYSTEMS[3], e, k),
-               "per_key_combine_over_native_agg": ratio(SYSTEMS[5], SYSTEMS[3], e, k)}
+               "per_key_combine_over_native_agg": ratio(SYSTEMS[5], SYSTEMS[3], e, k),
+               "vectorized_map_side_combine_over_native_agg": ratio(SYSTEMS[6], SYSTEMS[3],
+                                                                    e, k)}
               for e, k in sizes]
     data = {
         "workload": {"events_per_batch": events, "keys": keys, "ray_nodes": 3,
