@@ -2,7 +2,7 @@
 
 ``create_file`` (write a name only if it is absent: the job lease's epoch claims, savepoint
 markers) exists only where the store can make it atomic: ``memory://`` (one store per
-process, created under a lock) and ``s3://`` through an s3fs that sends ``If-None-Match: *``
+process, every call on it under one lock) and ``s3://`` through an s3fs that sends ``If-None-Match: *``
 (a conditional put; a server that ignores the header overwrites, which the lease's read-back
 notices only when it comes after the other write). Elsewhere the attribute is None and
 callers fall back to write, settle and read back (docs/architecture.md "Storage")."""
@@ -20,7 +20,30 @@ from ..config import redact_options
 from ..errors import StorageError
 from .base import S3_MIN_PART, MiB, _check_range, split_protocol
 
-_MEMORY_CREATE = threading.Lock()  # memory:// is one store per process: creates take turns
+# memory:// is one dict per process (fsspec's MemoryFileSystem.store, shared by every
+# instance), which fsspec reads and writes without a lock: a listing iterating it while
+# another thread's write adds a file failed ("dictionary changed size during iteration": a
+# garbage collection inside the iteration lets the other thread in). Every call of ours on
+# it takes this lock, and create and append hold it across their read and their write.
+_MEMORY = threading.RLock()
+
+
+class _OneAtATime:
+    """A file system whose every method call holds ``lock`` (``memory://``: see _MEMORY)."""
+
+    def __init__(self, fs: Any, lock: Any) -> None:
+        self._fs, self._lock = fs, lock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._fs, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return attr(*args, **kwargs)
+
+        return call
 
 
 def _conditional_put(fs: Any) -> bool:
@@ -48,6 +71,8 @@ class FsspecStorage:
             # written since), and a cached listing makes a new object look missing
             fs_options.setdefault("use_listings_cache", False)
         self._fs = fsspec.filesystem(protocol, **fs_options)
+        if protocol == "memory":
+            self._fs = _OneAtATime(self._fs, _MEMORY)
         if protocol in ("s3", "s3a"):
             self._fs.retries = 1  # s3fs's own retry loop: off, the Uploader retries
         if not (protocol == "memory"
@@ -99,7 +124,7 @@ class FsspecStorage:
         p = self._p(path)
         try:
             if self.protocol == "memory":
-                with _MEMORY_CREATE:
+                with _MEMORY:
                     if self._fs.exists(p):
                         return False
                     self._fs.pipe_file(p, data)
@@ -118,8 +143,9 @@ class FsspecStorage:
                                f"readable only once closed")
         p = self._p(path)
         try:
-            old = self._fs.cat_file(p) if self._fs.exists(p) else b""
-            self._fs.pipe_file(p, old + data)
+            with _MEMORY:  # (two appends at once: each keeps the other's bytes)
+                old = self._fs.cat_file(p) if self._fs.exists(p) else b""
+                self._fs.pipe_file(p, old + data)
             return len(old)
         except Exception as e:  # noqa: BLE001
             raise StorageError(f"cannot append to {path}: {type(e).__name__}: {e}") from e
