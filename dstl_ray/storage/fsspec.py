@@ -35,6 +35,8 @@ class _OneAtATime:
         self._fs, self._lock = fs, lock
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("_fs", "_lock") or name.startswith("__"):  # (a copy before __init__)
+            raise AttributeError(name)
         attr = getattr(self._fs, name)
         if not callable(attr):
             return attr

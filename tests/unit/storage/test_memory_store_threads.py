@@ -52,6 +52,7 @@ def test_listings_and_appends_while_other_threads_write():
             except BaseException as e:  # noqa: BLE001 - the test reports it
                 errors.append(e)
                 return
+            stop.wait(0.001)  # (the writers get the lock too)
 
     def writer(n: int) -> None:
         for i in range(300):
