@@ -115,27 +115,21 @@ def encode_section(
     if not changesets:
         raise ValueError("a section needs at least one changeset")
     per_kg: dict[int, list[tuple[int, list[bytes]]]] = {}
-    if len(changesets) == 1:  # a checkpoint's usual request: one changeset, grouped flat
-        sqn = changesets[0].sqn
+    for cs in changesets:  # each changeset grouped flat, then one run per key group
         groups: dict[int, list[bytes]] = {}
         get = groups.get
-        for kg, value in changesets[0].entries:
+        for kg, value in cs.entries:
             values = get(kg)
             if values is None:
                 groups[kg] = [value]
             else:
                 values.append(value)
-        per_kg = {kg: [(sqn, values)] for kg, values in groups.items()}
-    else:
-        for cs in changesets:
-            for kg, value in cs.entries:
-                runs = per_kg.get(kg)
-                if runs is None:
-                    per_kg[kg] = [(cs.sqn, [value])]
-                elif runs[-1][0] == cs.sqn:
-                    runs[-1][1].append(value)
-                else:
-                    runs.append((cs.sqn, [value]))
+        for kg, values in groups.items():
+            runs = per_kg.get(kg)
+            if runs is None:
+                per_kg[kg] = [(cs.sqn, values)]
+            else:
+                runs.append((cs.sqn, values))
     flags = FLAG_ZSTD if compression == "zstd" else 0
     comp = _compressor() if flags & FLAG_ZSTD else None
     out: list[bytes] = []

@@ -2,9 +2,9 @@
 
 ``create_file`` (write a name only if it is absent: the job lease's epoch claims, savepoint
 markers) exists only where the store can make it atomic: ``memory://`` (one store per
-process, every call on it under one lock) and ``s3://`` through an s3fs that sends ``If-None-Match: *``
-(a conditional put; a server that ignores the header overwrites, which the lease's read-back
-notices only when it comes after the other write). Elsewhere the attribute is None and
+process, every call on it under one lock) and ``s3://`` through an s3fs that sends
+``If-None-Match: *`` (a conditional put; a server that ignores the header overwrites, which
+the lease's read-back notices only when it comes after the other write). Elsewhere the attribute is None and
 callers fall back to write, settle and read back (docs/architecture.md "Storage")."""
 
 from __future__ import annotations

@@ -77,9 +77,8 @@ def test_round_trip(log_changesets, compression):
 @settings(max_examples=150, deadline=None)
 @given(entries, st.integers(1, 1000), st.sampled_from(["none", "zstd"]))
 def test_one_changeset_encodes_as_the_general_path_does(es, sqn, compression):
-    """A section of one changeset (a checkpoint's usual request) takes a shorter way: its
-    blocks are byte for byte those of the general one (an empty changeset after it adds
-    no block, so the general path's bytes are the same)."""
+    """A section of one changeset (a checkpoint's usual request) is byte for byte the one of
+    that changeset followed by an empty one: an empty changeset adds no block and no run."""
     log = b"\x07" * 16
     one = encode_section(log, [Changeset(sqn, tuple(es))], compression)
     general = encode_section(log, [Changeset(sqn, tuple(es)), Changeset(sqn + 1, ())],
