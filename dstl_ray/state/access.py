@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
-from ..keygroups import MEMO_KEY_TYPES, assign_key_group, assign_key_groups, key_group_and_input
+from ..keygroups import assign_key_group, assign_key_groups, key_group_and_input
 from .records import (
     Op,
     StateKind,
@@ -26,7 +26,9 @@ from .table import StateTable
 from .ttl import STAMP_SIZE, alive, now_ms, stamp
 
 UPDATE_CHUNK = 4096  # keys of a columnar update logged together (bounded unsent memory)
-NO_REF: tuple[Any, tuple[int, bytes]] = (object(), (-1, b""))  # a backend's memo, empty
+# keys whose (key group, serialized key) a backend remembers (``_refs``): a per-key update
+# reads, then writes, the states of one key, and hot keys come back batch after batch
+REF_MEMO = 1 << 14  # (ChangelogKeyedStateBackend._refs: key -> (key group, key bytes))
 
 
 class _State:
@@ -36,10 +38,12 @@ class _State:
 
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
-        last = b._last_ref
-        if last[0] is key:  # the key of the previous access (a read, then its update)
-            return last[1]
         t = type(key)
+        memo = t is int or t is str or t is bytes  # (exact types: True and 1.0 are not 1)
+        if memo:
+            ref = b._refs.get(key)
+            if ref is not None:
+                return ref
         if (t is int or t is str) and type(b._ser) is TaggedSerializer:
             ref = key_group_and_input(key, b.max_parallelism)  # the input is its encoding
         else:
@@ -48,8 +52,11 @@ class _State:
         if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
                                 f"range {r.start}..{r.end}")
-        if t in MEMO_KEY_TYPES:  # (a backend's memo: (key group, serialized key))
-            b._last_ref = (key, ref)
+        if memo:
+            refs = b._refs
+            if len(refs) >= REF_MEMO:
+                refs.clear()  # (bounded: a key space larger than the memo starts it over)
+            refs[key] = ref
         return ref
 
     @property
@@ -108,12 +115,14 @@ class _State:
 class ValueState(_State):
     def value(self, key: Any, default: Any = None) -> Any:
         kg, k = self._kg(key)
-        v = self._t.get_value(self._sid, kg, k)
+        b, sid = self._b, self._sid
+        v = self._t.get_value(sid, kg, k)
         if v is None:
             return default
-        if self._b._ttls[self._sid] is None:
-            return self._vs.deserialize(v)
-        return self._read(v, default, *self._ttl(), self._vs.deserialize)
+        de = b._states.serializer(sid, b._ser).deserialize  # (:attr:`_vs`, the hot path)
+        if b._ttls[sid] is None:
+            return de(v)
+        return self._read(v, default, *self._ttl(), de)
 
     @staticmethod
     def _read(v: bytes | None, default: Any, ttl: int | None, now: int,
@@ -129,11 +138,14 @@ class ValueState(_State):
             self.clear(key)
             return
         kg, k = self._kg(key)
-        sid = self._sid
-        v = self._stamped(self._vs.serialize(value))
+        b, sid = self._b, self._sid
+        # :attr:`_vs`, :meth:`_stamped` and :meth:`_log` inline: the per-key API's hot path
+        v = b._states.serializer(sid, b._ser).serialize(value)
+        if b._ttls[sid] is not None:
+            v = stamp(v, now_ms(b._ttl_clock()))
         rec = encode_value_set(sid, k, v)
-        with self._b._lock:
-            self._log(kg, rec)
+        with b._lock:
+            b._writer.append(kg, rec)
             self._t.set_value(sid, kg, k, v)
 
     # columnar access (spark_glue's vectorized API): the same semantics as value() and

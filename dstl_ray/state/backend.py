@@ -36,7 +36,7 @@ from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from ..storage.deleter import background_deleter
 from ..storage.registry import get_storage
-from .access import _STATE_CLASSES, NO_REF, ListState, MapState, ValueState, _State
+from .access import _STATE_CLASSES, ListState, MapState, ValueState, _State
 from .evolution import Reshapes
 from .files import SnapshotFiles, write_full
 from .names import StateNames
@@ -90,7 +90,7 @@ class ChangelogKeyedStateBackend:
         self._schedule = MaterializationSchedule(lambda: self.materialization_interval, clock)
         # processing time of state TTL, in seconds since the epoch: stamps outlive processes
         self._ttl_clock = ttl_clock
-        self._ser, self._last_ref = serializer or TaggedSerializer(), NO_REF
+        self._ser, self._refs = serializer or TaggedSerializer(), dict[Any, tuple[int, bytes]]()
         self._pool = executor or _POOL
         self._storage = get_storage(self.job_path)
         # deletes decided under our lock or on a delivery thread run here (deleter.py)

@@ -1,7 +1,8 @@
-"""A per-key update reads and writes several states of one key in a row: the key is hashed
-and encoded once (the backend remembers the last key object with its key group and bytes),
-and keys that are equal but not the same key (1, True and 1.0 are three keys) are never
-confused."""
+"""A per-key update reads and writes several states of one key in a row, and hot keys come
+back batch after batch: the backend remembers the key group and bytes of up to
+``access.REF_MEMO`` exact ``int``/``str``/``bytes`` keys, so such a key is hashed and encoded
+once while remembered; keys that are equal but not the same key (1, True and 1.0 are three
+keys) are never confused."""
 
 from __future__ import annotations
 
@@ -34,7 +35,28 @@ def test_one_keys_states_hash_it_once(monkeypatch):
         other = "user-8"
         count.update(other, 1)
         assert (count.value(key), total.value(key), count.value(other)) == (1, 5, 1)
-        assert calls == ["user-7", "user-8", "user-7", "user-8"]
+        assert calls == ["user-7", "user-8"]  # remembered: neither is hashed again
+        assert count.value("user-" + str(7)) == 1  # an equal str, another object
+        assert calls == ["user-7", "user-8"]
+    finally:
+        b.close()
+
+
+def test_the_memo_is_bounded_and_starts_over(monkeypatch):
+    from dstl_ray.state import access
+
+    monkeypatch.setattr(access, "REF_MEMO", 8)
+    calls = []
+    real = keygroups.hash_input
+    monkeypatch.setattr(keygroups, "hash_input", lambda key: calls.append(key) or real(key))
+    b = _backend()
+    try:
+        v = b.value_state("v")
+        for i in range(20):
+            v.update(i, i * 10)
+        assert len(b._refs) <= 8
+        assert [v.value(i) for i in range(20)] == [i * 10 for i in range(20)]
+        assert calls.count(0) == 2  # forgotten once the memo filled, hashed anew
     finally:
         b.close()
 
