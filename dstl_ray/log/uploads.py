@@ -80,8 +80,15 @@ def combine_uploads(result: concurrent.futures.Future, uploads: list[Upload], jo
         result.set_result(StateChangelogHandle(job_path, log_id, key_group_range, after,
                                                sqn_to, tuple(segs)))
 
-    if not uploads:
-        finish()
+    def settle() -> None:
+        try:
+            finish()
+        except Exception as e:  # noqa: BLE001 - never leave the future pending
+            if not result.done():
+                result.set_exception(PersistError(f"cannot build handle: {e}"))
+
+    if all(u.future.done() for u in uploads):  # (none new: a checkpoint without changes)
+        settle()
         return
 
     def one_done(_: concurrent.futures.Future) -> None:
@@ -89,11 +96,7 @@ def combine_uploads(result: concurrent.futures.Future, uploads: list[Upload], jo
             remaining[0] -= 1
             last = remaining[0] == 0
         if last:
-            try:
-                finish()
-            except Exception as e:  # noqa: BLE001 - never leave the future pending
-                if not result.done():
-                    result.set_exception(PersistError(f"cannot build handle: {e}"))
+            settle()
 
     for up in uploads:
         up.future.add_done_callback(one_done)
