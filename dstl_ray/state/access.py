@@ -29,6 +29,7 @@ UPDATE_CHUNK = 4096  # keys of a columnar update logged together (bounded unsent
 # keys whose (key group, serialized key) a backend remembers (``_refs``): a per-key update
 # reads, then writes, the states of one key, and hot keys come back batch after batch
 REF_MEMO = 1 << 14  # (ChangelogKeyedStateBackend._refs: key -> (key group, key bytes))
+MEMO_STR, MEMO_INT = 64, 1 << 63  # longer str keys, larger int keys: not remembered
 
 
 class _State:
@@ -39,7 +40,9 @@ class _State:
     def _kg(self, key: Any) -> tuple[int, bytes]:
         b = self._b
         t = type(key)
-        memo = t is int or t is str or t is bytes  # (exact types: True and 1.0 are not 1)
+        # exact int and str keys, short ones (True and 1.0 are not 1; a str and a bytes of
+        # one hash compare, which python -bb refuses: bytes keys are not remembered)
+        memo = (t is str and len(key) <= MEMO_STR) or (t is int and -MEMO_INT < key < MEMO_INT)
         if memo:
             ref = b._refs.get(key)
             if ref is not None:

@@ -1,7 +1,7 @@
 """A per-key update reads and writes several states of one key in a row, and hot keys come
 back batch after batch: the backend remembers the key group and bytes of up to
-``access.REF_MEMO`` exact ``int``/``str``/``bytes`` keys, so such a key is hashed and encoded
-once while remembered; keys that are equal but not the same key (1, True and 1.0 are three
+``access.REF_MEMO`` exact ``int`` and ``str`` keys (short ones: the memo holds each key), so
+such a key is hashed and encoded once while remembered; keys that are equal but not the same key (1, True and 1.0 are three
 keys) are never confused."""
 
 from __future__ import annotations
@@ -57,6 +57,19 @@ def test_the_memo_is_bounded_and_starts_over(monkeypatch):
         assert len(b._refs) <= 8
         assert [v.value(i) for i in range(20)] == [i * 10 for i in range(20)]
         assert calls.count(0) == 2  # forgotten once the memo filled, hashed anew
+    finally:
+        b.close()
+
+
+def test_long_keys_and_bytes_keys_are_not_remembered():
+    b = _backend()
+    try:
+        v = b.value_state("v")
+        keys = ["x" * 65, b"raw", 1 << 70, -(1 << 70), "y" * 64, 1 << 40]
+        for i, key in enumerate(keys):
+            v.update(key, i)
+        assert set(b._refs) == {"y" * 64, 1 << 40}
+        assert [v.value(k) for k in keys] == list(range(len(keys)))
     finally:
         b.close()
 
