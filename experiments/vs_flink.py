@@ -31,7 +31,9 @@ created per checkpoint (every name created, seen by ``file_watcher``), bytes per
 and recovery (kill the job, restore from the latest checkpoint, time until a checkpoint of
 the restored job completed). N = 1, 2, 4.
 
-Run: python -m experiments.vs_flink [--quick]   (or: make compare)
+Run: python -m experiments.vs_flink [--quick] [--rounds 3]   (or: make compare). With
+``--rounds R`` each node count runs every system and input R times, alternating, and its
+row is the median round's (this machine's speed drifts by a quarter between runs).
 """
 
 from __future__ import annotations
@@ -372,6 +374,66 @@ def flink_side(tms: int, seconds: float, interval: float, work: Path,
     return r
 
 
+def over(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float | None:
+    """p50 over p50 of two durations (None: a run missing or without a figure)."""
+    if not ours or not theirs or not theirs.get("p50"):
+        return None
+    return ours["p50"] / theirs["p50"]
+
+
+def e2e(run: dict[str, Any] | None) -> dict[str, Any] | None:
+    return (run or {}).get("e2e_ms")
+
+
+def one_round(n: int, seconds: float, work: Path, inputs: str, flink: bool
+              ) -> dict[str, Any]:
+    """One run of each system on each input at ``n`` nodes, alternating, so a pair of runs
+    compared is as close in time as this machine allows (in a directory of its own)."""
+    work.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {}
+    for kind in (("bursts",) if inputs == "bursts" else ("even",) if inputs == "even"
+                 else ("bursts", "even")):
+        d = dstl_side(n, seconds, 0.2, work, bursts=kind == "bursts")
+        print(f"[vs_flink] dstl-ray {n} nodes, {kind}: {json.dumps(d)[:600]}", flush=True)
+        f = flink_side(n, seconds, 0.2, work, source=kind) if flink else None
+        if f:
+            print(f"[vs_flink] flink {n} TMs, {kind}: {json.dumps(f)[:600]}", flush=True)
+        out[kind] = (d, f)
+    return out
+
+
+def median_row(n: int, rounds: list[dict[str, Any]], trace: dict[str, Any]
+               ) -> dict[str, Any]:
+    """The row of ``n`` nodes: per input, the round whose durable-over-Flink ratio is the
+    median (the lower middle of an even count), each round's figures, and the ratios."""
+    def pick(kind: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[Any]]:
+        got = [r[kind] for r in rounds if kind in r]
+        if not got:
+            return None, None, []
+        keyed = sorted(got, key=lambda df: over(e2e(df[0]), e2e(df[1])) or 0.0)
+        d, f = keyed[(len(keyed) - 1) // 2]
+        return d, f, [{"e2e_ms_p50": e2e(x)["p50"], "ack_ms_p50": x["ack_ms"]["p50"],
+                       "checkpoints_with_changes": x["checkpoints_with_changes"],
+                       "flink_e2e_ms_p50": (e2e(y) or {}).get("p50"),
+                       "e2e_over_flink": over(e2e(x), e2e(y))} for x, y in got]
+
+    d, f, bursts = pick("bursts")
+    de, fe, even = pick("even")
+    if d is None:  # --input even: the even run is the row's
+        d, f, de, fe = de, fe, None, None
+    d = dict(d or {}, trace=trace)
+    if de is not None:
+        d["even_input"] = de
+    row: dict[str, Any] = {"nodes": n, "dstl_ray": d, "flink": f, "rounds": len(rounds),
+                           "per_round": {"bursts": bursts, "even": even}}
+    if fe is not None:
+        row["flink_even"] = fe
+    row["ratios"] = {"e2e_over_flink": over(e2e(d), e2e(f)),
+                     "ack_over_flink": over(d.get("ack_ms"), e2e(f)),
+                     "even_e2e_over_flink_even": over(e2e(de), e2e(fe))}
+    return row
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--seconds", type=float, default=0)
@@ -382,6 +444,11 @@ def main() -> None:
                         "source emits them (the comparison), or spread evenly (every "
                         "checkpoint has changes: a run of its own, in 'even_input'), or both "
                         "(default)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of each system and input per node count, alternating (dstl-ray, "
+                        "Flink, dstl-ray even, Flink even; this machine's speed drifts "
+                        "between runs): the ratios are the medians of each round's, and the "
+                        "row of each input is its median round's")
     args = p.parse_args()
     seconds = args.seconds or (8 if args.quick else 30)
     counts = [int(x) for x in args.nodes.split(",")]
@@ -389,23 +456,13 @@ def main() -> None:
     rows = []
     try:
         for n in counts:
-            d = dstl_side(n, seconds, 0.2, work, bursts=args.input != "even")
-            if args.input == "both":
-                d["even_input"] = dstl_side(n, seconds, 0.2, work, bursts=False)
+            rounds = [one_round(n, seconds, work / f"round-{i}", args.input, not args.no_flink)
+                      for i in range(max(1, args.rounds))]
             # where the persist time goes, from spans, in a shorter traced run; with even
             # input every checkpoint writes a changelog file
-            d["trace"] = dstl_side(n, max(5.0, seconds / 3), 0.2, work, traced=True,
-                                   bursts=args.input == "bursts")
-            print(f"[vs_flink] dstl-ray {n} nodes: {json.dumps(d)}", flush=True)
-            f = None if args.no_flink else flink_side(n, seconds, 0.2, work)
-            if f:
-                print(f"[vs_flink] flink {n} TMs: {json.dumps(f)[:600]}", flush=True)
-            row = {"nodes": n, "dstl_ray": d, "flink": f}
-            if args.input == "both" and not args.no_flink:  # Flink fed the even input too
-                row["flink_even"] = flink_side(n, seconds, 0.2, work, source="even")
-                print(f"[vs_flink] flink {n} TMs, even input: "
-                      f"{json.dumps(row['flink_even'])[:600]}", flush=True)
-            rows.append(row)
+            trace = dstl_side(n, max(5.0, seconds / 3), 0.2, work, traced=True,
+                              bursts=args.input == "bursts")
+            rows.append(median_row(n, rounds, trace))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     pyplot = plt()
@@ -446,21 +503,8 @@ def main() -> None:
     a2.legend(fontsize=8)
     fig.suptitle("Keyed count, 20k rows/s (each second's rows at once, as Flink's datagen), "
                  "parallelism 4, checkpoint every 200 ms, file://")
-    def over(ours: dict[str, Any] | None, theirs: dict[str, Any] | None) -> float | None:
-        """p50 over p50 of two durations (None: a run missing or without a figure)."""
-        if not ours or not theirs or not theirs.get("p50"):
-            return None
-        return ours["p50"] / theirs["p50"]
-
-    def e2e(run: dict[str, Any] | None) -> dict[str, Any] | None:
-        return (run or {}).get("e2e_ms")
-
     # issue 32: dstl-ray's p50 until _metadata is durable over Flink's end-to-end p50
-    ratios = [{"nodes": r["nodes"],
-               "e2e_over_flink": over(e2e(r["dstl_ray"]), e2e(r["flink"])),
-               "ack_over_flink": over(r["dstl_ray"]["ack_ms"], e2e(r["flink"])),
-               "even_e2e_over_flink_even": over(e2e(r["dstl_ray"].get("even_input")),
-                                                e2e(r.get("flink_even")))} for r in rows]
+    ratios = [{"nodes": r["nodes"], **r.pop("ratios")} for r in rows]
     write_results("vs_flink", {"ratios": ratios, "workload": {"rows_per_second": 20000, "parallelism": 4,
                                             "interval_ms": 200, "seconds": seconds,
                                             "keys": KEYS},
