@@ -391,8 +391,7 @@ def one_round(n: int, seconds: float, work: Path, inputs: str, flink: bool
     compared is as close in time as this machine allows (in a directory of its own)."""
     work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
-    for kind in (("bursts",) if inputs == "bursts" else ("even",) if inputs == "even"
-                 else ("bursts", "even")):
+    for kind in ("bursts", "even") if inputs == "both" else (inputs,):
         d = dstl_side(n, seconds, 0.2, work, bursts=kind == "bursts")
         print(f"[vs_flink] dstl-ray {n} nodes, {kind}: {json.dumps(d)[:600]}", flush=True)
         f = flink_side(n, seconds, 0.2, work, source=kind) if flink else None
