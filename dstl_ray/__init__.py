@@ -11,6 +11,9 @@ from .checkpoint.coordinator import (
     PendingCheckpoint,
     RestoreMode,
 )
+from .checkpoint.hub import CheckpointHub
+from .checkpoint.hub_participant import HubParticipant
+from .checkpoint.hub_wire import HubAddress
 from .checkpoint.metadata import CheckpointMetadata
 from .checkpoint.reader import read_state
 from .checkpoint.recovery import CompletedCheckpoint, cleanup_orphans, load_checkpoint
@@ -25,6 +28,7 @@ from .errors import (
     FencedError,
     FormatError,
     HandleError,
+    HubError,
     InvalidValueError,
     JobLeaseError,
     KeyGroupError,
@@ -84,6 +88,7 @@ __all__ = [
     "CheckpointCoordinator",
     "CheckpointDeclinedError",
     "CheckpointError",
+    "CheckpointHub",
     "CheckpointMetadata",
     "CheckpointRetention",
     "CompletedCheckpoint",
@@ -96,6 +101,9 @@ __all__ = [
     "FormatError",
     "HandleError",
     "HedgePolicy",
+    "HubAddress",
+    "HubError",
+    "HubParticipant",
     "InvalidValueError",
     "JobLeaseError",
     "KeyGroupError",

@@ -85,6 +85,11 @@ class CheckpointDeclinedError(CheckpointError):
     """A checkpoint was declined (a backend's snapshot failed, or it was subsumed/aborted)."""
 
 
+class HubError(CheckpointError):
+    """A checkpoint hub connection failed or was refused (a wrong token, a broken frame, the
+    hub or the participant gone)."""
+
+
 class RestoreError(CheckpointError):
     """Restoring from a checkpoint failed; the message names the checkpoint and the file."""
 

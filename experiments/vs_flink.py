@@ -129,22 +129,59 @@ class Counter:
 class TaskManager:
     """One process per Ray node hosting that node's subtasks, as a Flink TaskManager hosts
     its slots (the Flink side runs parallelism 4 on N TaskManagers of ceil(4 / N) slots):
-    one client (one transport, so one node-actor call carries all its subtasks' requests)
-    and one checkpoint call per process."""
+    one client (one transport, so one node-actor call carries all its subtasks' requests).
+    With ``hub`` (a :class:`~dstl_ray.CheckpointHub`'s address) it takes part in the
+    driver's checkpoints as participant ``name``, as a Flink TaskManager gets its triggers
+    by the JobManager's RPC; otherwise the driver calls :meth:`snapshot` by Ray."""
 
     def __init__(self, indices: list[int], parallelism: int, rate: int,
-                 restore_url: str | None, namespace: str, burst_from: float | None) -> None:
-        from dstl_ray import StateChangelogClient
+                 restore_url: str | None, namespace: str, burst_from: float | None,
+                 hub: Any = None, name: str = "") -> None:
+        from dstl_ray import HubParticipant, StateChangelogClient
 
         client = StateChangelogClient("vsflink", namespace=namespace)
         self.tasks = [Counter(i, parallelism, rate, restore_url, client, burst_from)
                       for i in indices]
+        self._times: dict[int, dict[str, float]] = {}  # checkpoint id -> stage times
+        self.participant = HubParticipant(hub, name, self._barriers) if hub else None
 
     def spans(self) -> list[dict[str, Any]]:
         """The writers' finished spans (the tree's ``tracing=memory``)."""
         from dstl_ray.observability import tracing
 
         return tracing.finished_spans()
+
+    def _barriers(self, checkpoint_id: int) -> list[Any]:
+        """Every hosted subtask's barrier (the hub's trigger); the futures of their
+        snapshots, with the stage times kept for :meth:`times`."""
+        t_call, wall_in = time.perf_counter(), time.time()
+        barriers = [t.barrier(checkpoint_id) for t in self.tasks]
+        slowest = max(barriers, key=lambda b: b[3] - b[1])
+        row = self._times[checkpoint_id] = {
+            "wall_in": wall_in, "mailbox_ms": max((b[2] - b[1]) * 1000 for b in barriers),
+            "snapshot_call_ms": (slowest[3] - slowest[2]) * 1000}
+        left = [len(barriers)]
+        lock = threading.Lock()
+        t2 = barriers[-1][3]
+
+        def done(_f: Any) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            t3 = time.perf_counter()
+            row.update(persist_ms=(t3 - t2) * 1000, actor_ms=(t3 - t_call) * 1000,
+                       wall_out=time.time())
+
+        for b in barriers:
+            b[0].add_done_callback(done)
+        while len(self._times) > 10_000:
+            self._times.pop(next(iter(self._times)))
+        return [b[0] for b in barriers]
+
+    def times(self) -> dict[int, dict[str, float]]:
+        """The stage times of the hub's checkpoints so far, by checkpoint id."""
+        return dict(self._times)
 
     def snapshot(self, checkpoint_id: int = -1) -> list[dict[str, Any]]:
         """Every hosted subtask's barrier, then wait until all their changelogs are durable;
@@ -186,11 +223,14 @@ def trace_stages(actors: list[Any], tree: Any) -> dict[str, Any]:
 
 
 def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
-              traced: bool = False, bursts: bool = True) -> dict[str, Any]:
+              traced: bool = False, bursts: bool = True, trigger: str = "hub"
+              ) -> dict[str, Any]:
+    """``trigger``: how the driver reaches the TaskManagers, by a :class:`CheckpointHub`
+    (``hub``) or by a Ray call to each (``ray``)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from dstl_ray import ChangelogConfig, CheckpointCoordinator, deploy
+    from dstl_ray import ChangelogConfig, CheckpointCoordinator, CheckpointHub, deploy
     from dstl_ray.state.snapshot import ChangelogComponent, KeyedStateSnapshot
     from dstl_ray.testing import start_local_cluster
 
@@ -198,11 +238,17 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
 
     base = work / f"dstl-{nodes}{'-traced' if traced else ''}{'' if bursts else '-even'}"
     cluster = start_local_cluster(nodes, 2, NS)
+    hub = None
     try:
         tree = deploy(f"file://{base}", ChangelogConfig(
             namespace=NS, tracing="memory" if traced else "off"), detached=False)
         node_ids = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
         actor = ray.remote(num_cpus=0, max_concurrency=4)(TaskManager)
+        coord = CheckpointCoordinator("vsflink", f"file://{base}", max_parallelism=128,
+                                      retained=2)
+        if trigger == "hub":
+            hub = CheckpointHub(coord, host=ray.util.get_node_ip_address())
+        names = [f"tm-{n}" for n in range(len(node_ids))]
 
         def start(restore: str | None) -> list[Any]:
             """One TaskManager per node; subtask i on node i % nodes. With ``bursts``, every
@@ -211,22 +257,48 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             burst_from = time.time() + 1.0 if bursts else None
             return [actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
                 nid, soft=False)).remote([i for i in range(4) if i % len(node_ids) == n],
-                                         4, 5000, restore, NS, burst_from)
+                                         4, 5000, restore, NS, burst_from,
+                                         hub and hub.address, names[n])
                 for n, nid in enumerate(node_ids)]
 
-        coord = CheckpointCoordinator("vsflink", f"file://{base}", max_parallelism=128,
-                                      retained=2)
         cid = [0]
         stages: dict[str, list[float]] = {}
         # checkpoints whose snapshots name a changelog file no earlier one named: the ones
         # with changes to persist (with bursts, about one in five)
         changed = {"checkpoints": 0, "paths": set()}
+        # the hub's checkpoints: id -> the driver's side of its stage times, until the
+        # TaskManagers' side is fetched (:func:`hub_stages`)
+        by_hub: dict[int, dict[str, Any]] = {}
+
+        def note(row: dict[str, float], fresh: bool) -> None:
+            for k, v in row.items():
+                stages.setdefault(k, []).append(v)
+                stages.setdefault(f"{k}:{'with' if fresh else 'without'}_changes", []).append(v)
+
+        def fresh_paths(snaps: Any) -> bool:
+            paths = {p for s in snaps for c in s.components
+                     if isinstance(c, ChangelogComponent) for p in c.handle.file_paths()}
+            fresh = bool(paths - changed["paths"])
+            changed["checkpoints"] += fresh
+            changed["paths"] |= paths
+            return fresh
 
         def checkpoint(actors: list[Any]) -> tuple[float, float]:
             """One checkpoint; (ms until the last subtask's snapshot arrived: Flink's
             end-to-end duration, ms until its ``_metadata`` is durable)."""
             t0, w0 = time.perf_counter(), time.time()
             cid[0] += 1
+            if hub is not None:
+                cc = hub.checkpoint(cid[0], names, timeout_s=120)
+                t2 = time.perf_counter()
+                h = hub.history[-1]
+                ack_ms = (t2 - t0) * 1000 - (h.completed_s - h.acknowledged_s) * 1000
+                by_hub[cid[0]] = {"w0": w0, "w_ack": w0 + ack_ms / 1000,
+                                  "fresh": fresh_paths(cc.metadata.snapshots),
+                                  "complete_checkpoint_ms":
+                                      (h.completed_s - h.acknowledged_s) * 1000,
+                                  "e2e_ms": (t2 - t0) * 1000, "ack_ms": ack_ms}
+                return ack_ms, (t2 - t0) * 1000
             coord.begin_checkpoint(cid[0])  # chk-n made while the snapshots are taken
             outs = [o for part in ray.get([a.snapshot.remote(cid[0]) for a in actors],
                                           timeout=120) for o in part]
@@ -235,11 +307,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                      for o in outs]
             coord.complete_checkpoint(cid[0], snaps)
             t2 = time.perf_counter()
-            paths = {p for s in snaps for c in s.components
-                     if isinstance(c, ChangelogComponent) for p in c.handle.file_paths()}
-            fresh = bool(paths - changed["paths"])
-            changed["checkpoints"] += fresh
-            changed["paths"] |= paths
+            fresh = fresh_paths(snaps)
             slowest = max(outs, key=lambda o: o["actor_ms"])
             row = {k: slowest[k] for k in ("mailbox_ms", "snapshot_call_ms", "persist_ms")}
             row["actor_calls_ms"] = (t1 - t0) * 1000 - slowest["actor_ms"]
@@ -250,14 +318,33 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             row["complete_checkpoint_ms"] = (t2 - t1) * 1000
             row["e2e_ms"] = (t2 - t0) * 1000
             row["actor_ms"] = slowest["actor_ms"]
-            for k, v in row.items():
-                stages.setdefault(k, []).append(v)
-                stages.setdefault(f"{k}:{'with' if fresh else 'without'}_changes", []).append(v)
+            note(row, fresh)
             return (t1 - t0) * 1000, (t2 - t0) * 1000
+
+        def hub_stages(actors: list[Any]) -> None:
+            """The stage rows of the hub's checkpoints: the driver's side with the
+            TaskManagers' (the slowest's; one machine, so the clocks agree)."""
+            parts = ray.get([a.times.remote() for a in actors])
+            for n, drv in sorted(by_hub.items()):
+                tms = [p[n] for p in parts if n in p and "wall_out" in p[n]]
+                if len(tms) != len(parts):
+                    continue
+                slowest = max(tms, key=lambda t: t["actor_ms"])
+                row = {k: slowest[k] for k in ("mailbox_ms", "snapshot_call_ms", "persist_ms")}
+                row["actor_calls_ms"] = drv["ack_ms"] - slowest["actor_ms"]
+                row["call_ms"] = (max(t["wall_in"] for t in tms) - drv["w0"]) * 1000
+                row["reply_ms"] = (drv["w_ack"] - max(t["wall_out"] for t in tms)) * 1000
+                row["complete_checkpoint_ms"] = drv["complete_checkpoint_ms"]
+                row["e2e_ms"] = drv["e2e_ms"]
+                row["actor_ms"] = slowest["actor_ms"]
+                note(row, drv["fresh"])
+            by_hub.clear()
 
         with FileWatcher(base, interval=0.002) as files:
             actors = start(None)
             ray.get([a.snapshot.remote() for a in actors])  # all running
+            if hub is not None:
+                hub.wait_for(names, timeout_s=120)
             time.sleep(interval)
             before, st0 = files.names(), tree.status()
             stages.clear()
@@ -272,6 +359,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 durations.append(done)
                 time.sleep(max(0.0, interval - (time.time() - t0)))
             steady, st1 = files.names() - before, tree.status()
+            if hub is not None:
+                hub_stages(actors)
             with_changes = changed["checkpoints"]
             profile = {k: list(v) for k, v in stages.items()}
             if traced:  # a run of its own: tracing costs time on the path it measures
@@ -281,8 +370,12 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             latest = coord.latest_checkpoint().metadata_url
             for a in actors:  # kill the job
                 ray.kill(a)
+            while hub is not None and hub.connected():  # (the killed ones' connections)
+                time.sleep(0.01)
             t0 = time.time()
             actors = start(latest)
+            if hub is not None:
+                hub.wait_for(names, timeout_s=120)
             checkpoint(actors)
             recovery_s = time.time() - t0
             for a in actors:
@@ -306,7 +399,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
 
         steady_changelog = [f for f in steady if f.endswith(".dstl")]
         return {"system": "dstl-ray", "nodes": nodes, "parallelism": 4, "seconds": seconds,
-                "interval_ms": interval * 1000, "checkpoints_completed": n,
+                "interval_ms": interval * 1000, "checkpoints_completed": n, "trigger": trigger,
                 "input": "bursts" if bursts else "even",
                 # Flink's end_to_end_duration: trigger to the last subtask's acknowledgement
                 # (AbstractCheckpointStats.getEndToEndDuration); its _metadata is written after
@@ -340,6 +433,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                                  for k in ("batch_wait_ms", "dfs_latency_ms")},
                 "recovery_s": recovery_s}
     finally:
+        if hub is not None:
+            hub.close()
         ray.shutdown()
         cluster.shutdown()
 
@@ -385,14 +480,14 @@ def e2e(run: dict[str, Any] | None) -> dict[str, Any] | None:
     return (run or {}).get("e2e_ms")
 
 
-def one_round(n: int, seconds: float, work: Path, inputs: str, flink: bool
-              ) -> dict[str, Any]:
+def one_round(n: int, seconds: float, work: Path, inputs: str, flink: bool,
+              trigger: str = "hub") -> dict[str, Any]:
     """One run of each system on each input at ``n`` nodes, alternating, so a pair of runs
     compared is as close in time as this machine allows (in a directory of its own)."""
     work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {}
     for kind in ("bursts", "even") if inputs == "both" else (inputs,):
-        d = dstl_side(n, seconds, 0.2, work, bursts=kind == "bursts")
+        d = dstl_side(n, seconds, 0.2, work, bursts=kind == "bursts", trigger=trigger)
         print(f"[vs_flink] dstl-ray {n} nodes, {kind}: {json.dumps(d)[:600]}", flush=True)
         f = flink_side(n, seconds, 0.2, work, source=kind) if flink else None
         if f:
@@ -448,6 +543,9 @@ def main() -> None:
                         "Flink, dstl-ray even, Flink even; this machine's speed drifts "
                         "between runs): the ratios are the medians of each round's, and the "
                         "row of each input is its median round's")
+    p.add_argument("--trigger", choices=("hub", "ray"), default="hub",
+                   help="how dstl-ray's driver triggers the TaskManagers' snapshots: through "
+                        "a CheckpointHub (default) or by a Ray actor call to each")
     args = p.parse_args()
     seconds = args.seconds or (8 if args.quick else 30)
     counts = [int(x) for x in args.nodes.split(",")]
@@ -455,12 +553,12 @@ def main() -> None:
     rows = []
     try:
         for n in counts:
-            rounds = [one_round(n, seconds, work / f"round-{i}", args.input, not args.no_flink)
-                      for i in range(max(1, args.rounds))]
+            rounds = [one_round(n, seconds, work / f"round-{i}", args.input, not args.no_flink,
+                                args.trigger) for i in range(max(1, args.rounds))]
             # where the persist time goes, from spans, in a shorter traced run; with even
             # input every checkpoint writes a changelog file
             trace = dstl_side(n, max(5.0, seconds / 3), 0.2, work, traced=True,
-                              bursts=args.input == "bursts")
+                              bursts=args.input == "bursts", trigger=args.trigger)
             rows.append(median_row(n, rounds, trace))
     finally:
         shutil.rmtree(work, ignore_errors=True)

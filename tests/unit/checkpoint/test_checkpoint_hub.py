@@ -1,0 +1,192 @@
+"""The checkpoint hub (dstl_ray/checkpoint/hub.py): checkpoints triggered at participant
+processes over TCP and completed from their answers, and every way one is declined instead:
+a participant not connected, failing, gone, silent, or leaving a subtask out. The participants
+here are threads of this process with real backends on ``file://``; the cluster test runs
+them as Ray actors."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import struct
+import threading
+
+import pytest
+
+import dstl_ray as d
+from dstl_ray.checkpoint.hub import check_coverage
+from dstl_ray.keygroups import KeyGroupRange
+from dstl_ray.state.snapshot import KeyedStateSnapshot
+
+MAXP = 16
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A coordinator, its hub, and four subtasks of operator ``op`` (restored empty)."""
+    base = f"file://{tmp_path}/dfs"
+    coord = d.CheckpointCoordinator("hub", base, max_parallelism=MAXP, retained=2)
+    client = d.StateChangelogClient("hub", transport=d.DirectTransport("hub", base))
+    backends = coord.restore(client, "op", 4, materialization_interval=None)
+    hub = d.CheckpointHub(coord)
+    yield coord, hub, backends
+    hub.close()
+    coord.shutdown()
+
+
+def owned(b, n=20):
+    return [k for k in range(500) if d.assign_key_group(k, MAXP) in b.key_group_range][:n]
+
+
+def join(hub, name, backends, snapshot=None):
+    return d.HubParticipant(hub.address, name,
+                            snapshot or (lambda n: [b.snapshot(n) for b in backends]))
+
+
+def test_a_checkpoint_is_completed_from_every_participant_and_restores(job, tmp_path):
+    coord, hub, bs = job
+    with join(hub, "tm-0", bs[:2]), join(hub, "tm-1", bs[2:]):
+        hub.wait_for(["tm-0", "tm-1"], timeout_s=10)
+        want = {}
+        for round_ in (1, 2):
+            for b in bs:
+                for k in owned(b):
+                    b.value_state("v").update(k, k * round_)
+                    want[k] = k * round_
+            cc = hub.checkpoint(round_, ["tm-0", "tm-1"])
+            assert cc.checkpoint_id == round_
+            assert len(cc.metadata.snapshots) == 4
+    assert coord.latest_checkpoint().checkpoint_id == 2
+    assert [h.checkpoint_id for h in hub.history] == [1, 2]
+    assert all(0 < h.acknowledged_s <= h.completed_s for h in hub.history)
+    hub.close()
+    coord.shutdown()  # (the fixture's second shutdown finds nothing to do)
+    # a new driver restores exactly what the participants had
+    base = f"file://{tmp_path}/dfs"
+    coord2 = d.CheckpointCoordinator("hub", base, max_parallelism=MAXP, retained=2)
+    client = d.StateChangelogClient("hub", transport=d.DirectTransport("hub", base))
+    got = {}
+    for b in coord2.restore(client, "op", 2, materialization_interval=None):
+        got.update(b.dump()["v"])
+    coord2.shutdown()
+    assert got == want
+
+
+def test_a_participant_that_is_not_connected_declines_the_checkpoint(job):
+    _, hub, bs = job
+    with join(hub, "tm-0", bs):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="not connected: \\['tm-9'\\]"):
+            hub.checkpoint(1, ["tm-0", "tm-9"])
+
+
+def test_a_failing_snapshot_declines_and_the_next_checkpoint_completes(job):
+    coord, hub, bs = job
+    fail = threading.Event()
+    fail.set()
+
+    def snapshot(n):
+        if fail.is_set():
+            raise RuntimeError("disk full")
+        return [b.snapshot(n) for b in bs[2:]]
+
+    with join(hub, "tm-0", bs[:2]), join(hub, "tm-1", bs[2:], snapshot):
+        hub.wait_for(["tm-0", "tm-1"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError,
+                           match="'tm-1' declined it: RuntimeError: disk full"):
+            hub.checkpoint(1, ["tm-0", "tm-1"])
+        assert coord.latest_checkpoint() is None
+        fail.clear()
+        assert hub.checkpoint(2, ["tm-0", "tm-1"]).checkpoint_id == 2
+
+
+def test_a_failed_snapshot_future_declines(job):
+    _, hub, bs = job
+
+    def snapshot(n):
+        f = concurrent.futures.Future()
+        f.set_exception(d.PersistError("upload failed"))
+        return [b.snapshot(n) for b in bs[1:]] + [f]
+
+    with join(hub, "tm-0", bs, snapshot):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="PersistError: upload failed"):
+            hub.checkpoint(1, ["tm-0"])
+
+
+def test_a_participant_gone_mid_checkpoint_declines_it(job):
+    _, hub, bs = job
+    reached, release = threading.Event(), threading.Event()
+
+    def snapshot(n):
+        reached.set()
+        release.wait(10)
+        return [b.snapshot(n) for b in bs]
+
+    p = join(hub, "tm-0", bs, snapshot)
+    hub.wait_for(["tm-0"], timeout_s=10)
+    out = concurrent.futures.ThreadPoolExecutor(1).submit(hub.checkpoint, 1, ["tm-0"], 30)
+    assert reached.wait(10)
+    p._sock.shutdown(socket.SHUT_RDWR)  # the process dies with the barrier in hand
+    with pytest.raises(d.CheckpointDeclinedError, match="disconnected before answering"):
+        out.result(timeout=20)
+    release.set()
+    p.close()
+
+
+def test_a_silent_participant_declines_at_the_deadline(job):
+    _, hub, bs = job
+    never = concurrent.futures.Future()
+    with join(hub, "tm-0", bs, lambda n: [never]):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="no answer from \\['tm-0'\\]"):
+            hub.checkpoint(1, ["tm-0"], timeout_s=0.3)
+
+
+def test_a_participant_that_leaves_a_subtask_out_declines(job):
+    _, hub, bs = job
+    with join(hub, "tm-0", bs[:2]), join(hub, "tm-1", bs[2:3]):  # subtask 3 forgotten
+        hub.wait_for(["tm-0", "tm-1"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="operator 'op'.*not 0..15"):
+            hub.checkpoint(1, ["tm-0", "tm-1"])
+
+
+def test_a_restarted_participant_replaces_its_old_connection(job):
+    _, hub, bs = job
+    old = join(hub, "tm-0", bs, lambda n: [concurrent.futures.Future()])  # hung
+    hub.wait_for(["tm-0"], timeout_s=10)
+    new = join(hub, "tm-0", bs)
+    try:
+        assert hub.checkpoint(1, ["tm-0"], timeout_s=10).checkpoint_id == 1
+        assert hub.connected() == ["tm-0"]
+    finally:
+        new.close()
+        old.close()
+
+
+def test_a_wrong_token_or_garbage_is_refused_and_others_go_on(job):
+    _, hub, bs = job
+    bad = d.HubAddress(hub.address.host, hub.address.port, "0" * 32)
+    with pytest.raises(d.HubError, match="wrong token"):
+        d.HubParticipant(bad, "intruder", lambda n: [])
+    assert "token" not in repr(hub.address) and hub.address.token not in repr(hub.address)
+    with socket.create_connection((hub.address.host, hub.address.port)) as s:
+        s.sendall(struct.pack(">I", 5) + b"\xff\xfe{]]")  # not JSON
+        assert s.recv(10) == b""  # dropped
+    with join(hub, "tm-0", bs):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        assert hub.checkpoint(1, ["tm-0"]).checkpoint_id == 1
+        assert hub.connected() == ["tm-0"]
+
+
+def test_coverage_names_a_gap_or_an_overlap():
+    def snap(op, a, b):
+        return KeyedStateSnapshot(op, KeyGroupRange(a, b))
+
+    check_coverage([snap("x", 0, 7), snap("x", 8, 15), snap("y", 0, 15)], 16)
+    with pytest.raises(d.CheckpointDeclinedError, match="gap at 8"):
+        check_coverage([snap("x", 0, 7), snap("x", 9, 15)], 16)
+    with pytest.raises(d.CheckpointDeclinedError, match="overlap at 7"):
+        check_coverage([snap("x", 0, 8), snap("x", 7, 15)], 16)
+    with pytest.raises(d.CheckpointDeclinedError, match="not 0..15"):
+        check_coverage([snap("x", 0, 7)], 16)
