@@ -181,7 +181,7 @@ class TaskManager:
 
     def times(self) -> dict[int, dict[str, float]]:
         """The stage times of the hub's checkpoints so far, by checkpoint id."""
-        return dict(self._times)
+        return self._times.copy()
 
     def snapshot(self, checkpoint_id: int = -1) -> list[dict[str, Any]]:
         """Every hosted subtask's barrier, then wait until all their changelogs are durable;
@@ -370,8 +370,9 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             latest = coord.latest_checkpoint().metadata_url
             for a in actors:  # kill the job
                 ray.kill(a)
-            while hub is not None and hub.connected():  # (the killed ones' connections)
-                time.sleep(0.01)
+            gone_by = time.time() + 60
+            while hub is not None and hub.connected() and time.time() < gone_by:
+                time.sleep(0.01)  # (the killed ones' connections)
             t0 = time.time()
             actors = start(latest)
             if hub is not None:

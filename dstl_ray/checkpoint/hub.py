@@ -2,22 +2,26 @@
 processes (Ray actors, say), triggered and acknowledged over one TCP connection per process.
 
 :meth:`CheckpointCoordinator.complete_checkpoint` takes snapshots taken elsewhere; how they
-get there is the job's. Ray actor calls cost 3 ms for a round trip to one process here and 10
-ms to four busy ones on one machine, most of a checkpoint without changes; a frame on a
-socket the process already holds costs 0.5 and 1.5 ms. So the hub does what Flink's
-JobManager does with its RPC: it sends the checkpoint's trigger to every participating
-process (Flink's ``triggerCheckpoint``), each takes its subtasks' snapshots and answers with
-them once they are durable (``acknowledgeCheckpoint``, or a decline naming the error), and
-the hub completes the checkpoint from them. A participant is a
+get there is the job's. A Ray actor call costs 1.5-2.5 ms each way to a busy process on one
+machine here, most of a checkpoint without changes; a frame on a socket the process already
+holds costs a tenth of that. So the hub does what Flink's JobManager does with its RPC: it
+sends the checkpoint's trigger to every participating process (Flink's
+``triggerCheckpoint``), each takes its subtasks' snapshots and answers with them once they
+are durable (``acknowledgeCheckpoint``, or a decline naming the error), and the hub completes
+the checkpoint from them. A participant is a
 :class:`~dstl_ray.checkpoint.hub_participant.HubParticipant`, given the hub's
 :attr:`address` and a name.
 
-Nothing is completed on partial knowledge: a checkpoint waits for every participant named in
-:meth:`checkpoint`, and is declined when one is not connected, answers with an error,
-disconnects (a restarted one connecting again under its name replaces the old connection, whose
-answer no longer counts), or is not in by the deadline; and the snapshots of each operator
-must cover its key groups ``0..max_parallelism-1`` exactly once (a participant that left a
-subtask out would otherwise complete a checkpoint that restores without it).
+Nothing is completed on partial knowledge. A checkpoint waits for every participant named in
+:meth:`checkpoint`, over the connection each had when it was triggered, and is declined when
+one is not connected, answers with an error, loses that connection before the checkpoint
+completes (a restarted one connecting again under its name replaces the old connection, as
+Flink's failover aborts the pending checkpoints), or is not in by the deadline. What the
+answers hold is checked before anything is written (:mod:`~dstl_ray.checkpoint.hub_checks`):
+each answer reads, every operator of the job is there, each operator's key groups are
+covered exactly once. Restart a participant between checkpoints, from the latest complete
+one: one restored while a checkpoint is in flight may restore from the checkpoint that the
+flight subsumes.
 """
 
 from __future__ import annotations
@@ -30,17 +34,26 @@ import socket
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, ConfigError, HubError
-from ..state.snapshot import KeyedStateSnapshot
-from .hub_wire import PROTOCOL, HubAddress, checkpoint_id_of, recv_frame, send_frame
+from ..transport.lane import keepalive
+from .hub_checks import check_coverage, check_operators, read_answers
+from .hub_wire import (
+    MAX_HELLO,
+    PROTOCOL,
+    HubAddress,
+    check_checkpoint_id,
+    recv_frame,
+    send_frame,
+    trigger_of,
+)
 from .recovery import CompletedCheckpoint
 
 log = logging.getLogger(__name__)
 
-HELLO_TIMEOUT_S = 10.0
+HELLO_TIMEOUT_S = 10.0  # for the whole hello, however slowly its bytes come
 
 
 @dataclass(frozen=True)
@@ -73,25 +86,13 @@ class _Connection:
         self.sock.close()
 
 
-def check_coverage(snapshots: list[KeyedStateSnapshot], max_parallelism: int) -> None:
-    """Each operator's snapshots cover key groups ``0..max_parallelism-1``, each once."""
-    ranges: dict[str, list[tuple[int, int]]] = {}
-    for s in snapshots:
-        ranges.setdefault(s.operator_id, []).append((s.key_group_range.start,
-                                                     s.key_group_range.end))
-    for op, rs in sorted(ranges.items()):
-        rs.sort()
-        nxt = 0
-        for start, end in rs:
-            if start != nxt:
-                raise CheckpointDeclinedError(
-                    f"operator {op!r}: the snapshots cover key groups {rs}, not 0.."
-                    f"{max_parallelism - 1} each once ({'overlap' if start < nxt else 'gap'}"
-                    f" at {min(start, nxt)})")
-            nxt = end + 1
-        if nxt != max_parallelism:
-            raise CheckpointDeclinedError(f"operator {op!r}: the snapshots cover key groups "
-                                          f"{rs}, not 0..{max_parallelism - 1}")
+@dataclass
+class _Pending:
+    """One trigger in flight: the connections it went to, and their answers (snapshot
+    dicts, or the error a participant declined with)."""
+
+    conns: dict[str, _Connection]
+    answers: dict[str, list[Any] | str] = field(default_factory=dict)
 
 
 class CheckpointHub:
@@ -107,8 +108,8 @@ class CheckpointHub:
         self.address = HubAddress(host, self._server.getsockname()[1], self._token)
         self._cond = threading.Condition()
         self._conns: dict[str, _Connection] = {}
-        # checkpoint id -> {participant: its snapshot dicts, or the error it declined with}
-        self._answers: dict[int, dict[str, list[Any] | str]] = {}
+        self._pending: dict[tuple[int, int], _Pending] = {}  # (id, attempt) -> in flight
+        self._attempts = 0
         self._closed = False
         # the latest completed checkpoints' durations, oldest first
         self.history: collections.deque[HubCheckpointTimes] = collections.deque(maxlen=1000)
@@ -117,22 +118,24 @@ class CheckpointHub:
     # ------------------------------------------------------------------ connections
 
     def _accept(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 sock, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(sock,), name="dstl-hub-conn",
-                             daemon=True).start()
+                threading.Thread(target=self._serve, args=(sock,), name="dstl-hub-conn",
+                                 daemon=True).start()
+            except Exception as e:  # noqa: BLE001 - out of descriptors, say: try again
+                if not self._closed:
+                    log.warning("checkpoint hub: accepting a connection failed: %s", e)
+                    time.sleep(0.1)
 
     def _hello(self, sock: socket.socket) -> _Connection | None:
-        sock.settimeout(HELLO_TIMEOUT_S)
-        hello = recv_frame(sock)
+        hello = recv_frame(sock, MAX_HELLO, time.monotonic() + HELLO_TIMEOUT_S)
         name, token = hello.get("name"), hello.get("token")
         if hello.get("hello") != PROTOCOL:
             send_frame(sock, {"error": f"this hub speaks {PROTOCOL}, not {hello.get('hello')!r}"})
             return None
-        if not isinstance(token, str) or not hmac.compare_digest(token, self._token):
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                                 self._token.encode()):
             send_frame(sock, {"error": "wrong token for this checkpoint hub"})
             return None
         if not isinstance(name, str) or not name:
@@ -140,6 +143,7 @@ class CheckpointHub:
             return None
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        keepalive(sock)  # a host gone without a word ends its connection
         send_frame(sock, {"ok": True})
         return _Connection(name, sock)
 
@@ -161,6 +165,9 @@ class CheckpointHub:
         except (HubError, OSError) as e:
             if conn is not None and not self._closed:
                 log.info("checkpoint hub: participant %r disconnected: %s", conn.name, e)
+        except Exception as e:  # noqa: BLE001 - a peer's bytes never end the hub
+            log.warning("checkpoint hub: connection of %r dropped: %s: %s",
+                        conn and conn.name, type(e).__name__, e)
         finally:
             sock.close()
             if conn is not None:
@@ -170,19 +177,20 @@ class CheckpointHub:
                     self._cond.notify_all()
 
     def _answer(self, conn: _Connection, message: dict[str, Any]) -> None:
-        n = checkpoint_id_of(message)
+        key = trigger_of(message)
         got: list[Any] | str
         if "error" in message:
             got = str(message["error"])
         else:
             snaps = message.get("snapshots")
             if not isinstance(snaps, list):
-                raise HubError(f"{conn.name!r} answered checkpoint {n} without snapshots")
+                raise HubError(f"{conn.name!r} answered checkpoint {key[0]} without snapshots")
             got = snaps
         with self._cond:
-            answers = self._answers.get(n)
-            if answers is not None and self._conns.get(conn.name) is conn:
-                answers.setdefault(conn.name, got)
+            p = self._pending.get(key)
+            # only the connection this trigger went to answers it, once
+            if p is not None and p.conns.get(conn.name) is conn:
+                p.answers.setdefault(conn.name, got)
                 self._cond.notify_all()
 
     def connected(self) -> list[str]:
@@ -192,24 +200,33 @@ class CheckpointHub:
 
     def wait_for(self, names: Collection[str], timeout_s: float = 60.0) -> None:
         """Until every participant of ``names`` is connected (:class:`HubError` after
-        ``timeout_s``)."""
+        ``timeout_s``, or when the hub is closed)."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._closed or set(names) <= self._conns.keys(),
-                                       timeout_s):
+            self._cond.wait_for(lambda: self._closed or set(names) <= self._conns.keys(),
+                                timeout_s)
+            if self._closed:
+                raise HubError("the checkpoint hub is closed")
+            if not set(names) <= self._conns.keys():
                 raise HubError(f"participants not connected after {timeout_s} s: "
                                f"{sorted(set(names) - self._conns.keys())}")
 
     # ------------------------------------------------------------------ checkpoints
 
     def checkpoint(self, checkpoint_id: int, participants: Collection[str],
-                   timeout_s: float = 60.0) -> CompletedCheckpoint:
+                   timeout_s: float = 60.0, operators: Collection[str] | None = None
+                   ) -> CompletedCheckpoint:
         """Checkpoint ``checkpoint_id``: triggered at every one of ``participants``,
         completed (``_metadata`` durable) from their snapshots; raises
-        :class:`CheckpointDeclinedError` naming the participant when one fails it."""
-        names = sorted(set(participants))
+        :class:`CheckpointDeclinedError` naming the participant when one fails it.
+        ``operators``: the job's operators, each of which must be in it (default: those of
+        the latest complete checkpoint)."""
+        n, names = check_checkpoint_id(checkpoint_id), sorted(set(participants))
         if not names:
             raise ConfigError("a checkpoint through the hub needs at least one participant")
-        n, t0 = checkpoint_id, time.monotonic()
+        if operators is None:
+            latest = self.coordinator.latest_checkpoint()
+            operators = {s.operator_id for s in latest.metadata.snapshots} if latest else ()
+        t0 = time.monotonic()
         with self._cond:
             if self._closed:
                 raise HubError("the checkpoint hub is closed")
@@ -217,51 +234,63 @@ class CheckpointHub:
             if missing:
                 raise CheckpointDeclinedError(f"checkpoint {n}: participants not connected: "
                                               f"{missing}")
-            if n in self._answers:
-                raise CheckpointDeclinedError(f"checkpoint {n} is already being taken")
-            conns = {p: self._conns[p] for p in names}
-            answers = self._answers[n] = {}
+            self._attempts += 1
+            key = (n, self._attempts)
+            pending = self._pending[key] = _Pending({p: self._conns[p] for p in names})
+        begun = False
         try:
             self.coordinator.begin_checkpoint(n)  # chk-n made while the snapshots are taken
-            for p, c in conns.items():
+            begun = True
+            for p, c in pending.conns.items():
                 try:
-                    c.send({"id": n})
+                    c.send({"id": n, "attempt": key[1]})
                 except OSError as e:
                     raise CheckpointDeclinedError(f"checkpoint {n}: the trigger did not reach "
                                                   f"{p!r}: {e}") from e
-            self._await(n, conns, answers, t0 + timeout_s, timeout_s)
+            self._await(n, pending, t0 + timeout_s, timeout_s)
+            t1 = time.monotonic()
+            snaps = read_answers(n, pending.answers, self.coordinator.base_path)  # type: ignore[arg-type]
+            check_operators(n, snaps, operators)
+            check_coverage(snaps, self.coordinator.max_parallelism)
+            self._still_connected(n, pending)
+            cc = self.coordinator.complete_checkpoint(n, snaps)
+        except BaseException:
+            if begun:  # its chk-n goes (if empty), as a declined checkpoint's does
+                self.coordinator.locations.declined(n)
+            raise
         finally:
             with self._cond:
-                self._answers.pop(n, None)
-        t1 = time.monotonic()
-        snaps = [KeyedStateSnapshot.from_dict(d, self.coordinator.base_path)
-                 for p in names for d in answers[p]]  # type: ignore[union-attr]
-        check_coverage(snaps, self.coordinator.max_parallelism)
-        cc = self.coordinator.complete_checkpoint(n, snaps)
+                self._pending.pop(key, None)
         self.history.append(HubCheckpointTimes(n, t1 - t0, time.monotonic() - t0))
         return cc
 
-    def _await(self, n: int, conns: dict[str, _Connection], answers: dict[str, Any],
-               deadline: float, timeout_s: float) -> None:
+    def _still_connected(self, n: int, pending: _Pending) -> None:
+        """Each participant still holds the connection it answered on (one that went away
+        since, or was replaced by a restarted process, fails the checkpoint)."""
+        with self._cond:
+            gone = [p for p, c in pending.conns.items() if self._conns.get(p) is not c]
+            if gone or self._closed:
+                raise CheckpointDeclinedError(
+                    f"checkpoint {n}: " + ("the checkpoint hub was closed" if self._closed
+                                           else f"participants disconnected or restarted: "
+                                                f"{gone}"))
+
+    def _await(self, n: int, pending: _Pending, deadline: float, timeout_s: float) -> None:
         with self._cond:
             while True:
-                for p, got in answers.items():
+                for p, got in sorted(pending.answers.items()):
                     if isinstance(got, str):
                         raise CheckpointDeclinedError(f"checkpoint {n}: participant {p!r} "
                                                       f"declined it: {got}")
-                if len(answers) == len(conns):
+                self._still_connected(n, pending)  # (the condition's lock is re-entrant)
+                if len(pending.answers) == len(pending.conns):
                     return
-                gone = [p for p, c in conns.items()
-                        if p not in answers and self._conns.get(p) is not c]
-                if gone or self._closed:
-                    raise CheckpointDeclinedError(
-                        f"checkpoint {n}: participants disconnected before answering: "
-                        f"{gone or sorted(set(conns) - answers.keys())}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CheckpointDeclinedError(
-                        f"checkpoint {n}: no answer from {sorted(set(conns) - answers.keys())}"
-                        f" within {timeout_s} s")
+                        f"checkpoint {n}: no answer from "
+                        f"{sorted(pending.conns.keys() - pending.answers.keys())} within "
+                        f"{timeout_s} s")
                 self._cond.wait(left)
 
     def close(self) -> None:

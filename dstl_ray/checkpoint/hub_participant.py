@@ -13,6 +13,7 @@ the error.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import socket
 import threading
@@ -21,7 +22,8 @@ from typing import Any
 
 from ..errors import HubError
 from ..state.snapshot import KeyedStateSnapshot
-from .hub_wire import PROTOCOL, HubAddress, checkpoint_id_of, recv_frame, send_frame
+from ..transport.lane import keepalive
+from .hub_wire import PROTOCOL, HubAddress, recv_frame, send_frame, trigger_of
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class HubParticipant:
                 raise HubError(f"the checkpoint hub at {address.host}:{address.port} refused "
                                f"{name!r}: {answer.get('error', answer)}")
             sock.settimeout(None)
+            keepalive(sock)  # a hub gone without a word ends the connection
         except BaseException:
             sock.close()
             raise
@@ -61,15 +64,20 @@ class HubParticipant:
     def _serve(self) -> None:
         try:
             while True:
-                self._trigger(checkpoint_id_of(recv_frame(self._sock)))
+                self._trigger(*trigger_of(recv_frame(self._sock)))
         except (HubError, OSError) as e:
             log.debug("checkpoint hub participant %r: connection ended: %s", self.name, e)
+        except Exception as e:  # noqa: BLE001 - logged; the hub sees the connection end
+            log.warning("checkpoint hub participant %r: stopped: %s", self.name, _error(e))
+        finally:  # never connected and deaf: the hub declines at once instead of waiting
+            self._sock.close()
 
-    def _trigger(self, n: int) -> None:
+    def _trigger(self, n: int, attempt: int) -> None:
+        key = {"id": n, "attempt": attempt}
         try:
             items = list(self._snapshot(n))
         except Exception as e:  # noqa: BLE001 - declined, with the reason
-            self._reply({"id": n, "error": _error(e)})
+            self._reply({**key, "error": _error(e)})
             return
         futures = [i for i in items if isinstance(i, concurrent.futures.Future)]
         left = [len(futures)]
@@ -80,32 +88,34 @@ class HubParticipant:
                 left[0] -= 1
                 if left[0]:
                     return
-            self._answer(n, items)
+            self._answer(key, items)
 
         if not futures:
-            self._answer(n, items)
+            self._answer(key, items)
         for f in futures:
             f.add_done_callback(done)
 
-    def _answer(self, n: int, items: list[Any]) -> None:
+    def _answer(self, key: dict[str, int], items: list[Any]) -> None:
         try:
             snaps = [i.result() if isinstance(i, concurrent.futures.Future) else i
                      for i in items]
-            message = {"id": n, "snapshots": [s.to_dict() for s in snaps]}
+            message = {**key, "snapshots": [s.to_dict() for s in snaps]}
+            json.dumps(message)  # one that cannot be sent declines, rather than never comes
         except Exception as e:  # noqa: BLE001 - a failed snapshot declines
-            message = {"id": n, "error": _error(e)}
+            message = {**key, "error": _error(e)}
         self._reply(message)
 
     def _reply(self, message: dict[str, Any]) -> None:
         try:
             with self._send:
                 send_frame(self._sock, message)
-        except OSError as e:  # the hub is gone: its checkpoint is declined there
+        except Exception as e:  # noqa: BLE001 - the hub gone: declined there, by its deadline
             log.warning("checkpoint hub participant %r: answer to checkpoint %s not sent: %s",
-                        self.name, message.get("id"), e)
+                        self.name, message.get("id"), _error(e))
 
     def close(self) -> None:
-        """Leave the hub (a checkpoint waiting for this participant is declined)."""
+        """Leave the hub (a checkpoint waiting for this participant is declined). Waits up to
+        10 s for a barrier ``snapshot`` is taking."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -6,7 +6,10 @@ so a frame can make neither side run code. A connection starts with the particip
 (the protocol, the hub's token, the participant's name) and the hub's answer to it; then the
 hub sends triggers (``{"id": n}``) and the participant answers each (``{"id": n,
 "snapshots": [...]}`` or ``{"id": n, "error": "..."}``), Flink's ``triggerCheckpoint`` and
-``acknowledgeCheckpoint`` / ``declineCheckpoint``.
+``acknowledgeCheckpoint`` / ``declineCheckpoint``. A trigger carries an ``attempt``, a number
+the hub never uses twice, and the answer returns it: a late answer to an earlier trigger of
+the same checkpoint id (one the hub declined, then took again) is never taken for the new
+one's.
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import HubError
+from ..errors import ConfigError, HubError
 
 PROTOCOL = "dstl-checkpoint-hub/1"
 _LEN = struct.Struct(">I")
 # a frame is a trigger or the snapshots of one process's subtasks (handles, never state):
 # anything near this size is not a frame of this protocol
 MAX_FRAME = 256 << 20
+MAX_HELLO = 4096  # a hello is read before its token is checked: it stays small
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,11 @@ def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
+def _exactly(sock: socket.socket, n: int, deadline: float | None) -> bytes:
     parts, left = [], n
     while left:
+        if deadline is not None:  # one deadline for the whole frame, however it trickles
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
         got = sock.recv(min(left, 1 << 20))
         if not got:
             raise HubError("the connection closed" + (" in the middle of a frame"
@@ -54,24 +61,37 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
     return b"".join(parts)
 
 
-def recv_frame(sock: socket.socket) -> dict[str, Any]:
-    """The next frame's object; :class:`HubError` when the connection closed or the bytes
-    are not a frame of this protocol."""
-    (n,) = _LEN.unpack(_exactly(sock, _LEN.size))
-    if n > MAX_FRAME:
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME,
+               deadline: float | None = None) -> dict[str, Any]:
+    """The next frame's object (whole by ``deadline``, a ``time.monotonic()``, if given);
+    :class:`HubError` when the connection closed or the bytes are not a frame of this
+    protocol (``OSError`` from the socket itself, ``TimeoutError`` past the deadline)."""
+    (n,) = _LEN.unpack(_exactly(sock, _LEN.size, deadline))
+    if n > max_bytes:
         raise HubError(f"a frame of {n} bytes: not a frame of {PROTOCOL}")
-    body = _exactly(sock, n)
+    body = _exactly(sock, n, deadline)
     try:
         message = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise HubError(f"a frame that is not JSON: {e}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise HubError(f"a frame that is not JSON: {type(e).__name__}: {e}") from None
     if not isinstance(message, dict):
         raise HubError(f"a frame that is not a JSON object: {type(message).__name__}")
     return message
 
 
-def checkpoint_id_of(message: dict[str, Any]) -> int:
-    n = message.get("id")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise HubError(f"a frame without a checkpoint id: {sorted(message)}")
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def trigger_of(message: dict[str, Any]) -> tuple[int, int]:
+    """A trigger's or an answer's (checkpoint id, attempt)."""
+    n, attempt = message.get("id"), message.get("attempt")
+    if not _count(n) or not _count(attempt):
+        raise HubError(f"a frame without a checkpoint id and attempt: {sorted(message)}")
+    return n, attempt
+
+
+def check_checkpoint_id(n: Any) -> int:
+    if not _count(n):
+        raise ConfigError(f"a checkpoint id is an int >= 0, got {n!r}")
     return n

@@ -28,5 +28,9 @@ def test_readme_blocks_without_spark_run(ray_cluster, tmp_path, monkeypatch):
     assert list(names["handle"].get_state_changes(17)) == [b"state change"]
     assert dstl_ray.StateChangelogHandle.from_json(names["text"]) == names["handle"]
     assert (tmp_path / "data" / "dstl" / "my-job").is_dir()
+    # the checkpoint hub's block: four subtasks in the checkpoint, "a" "b" "c" counted once
+    snaps = names["done"].metadata.snapshots
+    assert sorted(s.key_group_range.start for s in snaps) == [0, 32, 64, 96]
+    assert (tmp_path / "data" / "counts" / "counts" / "chk-1" / "_metadata").is_file()
     with pytest.raises(NodeUnavailableError):
         dstl_ray.attach(dstl_ray.ChangelogConfig())  # tree.shutdown() took it down

@@ -10,11 +10,12 @@ import concurrent.futures
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
 import dstl_ray as d
-from dstl_ray.checkpoint.hub import check_coverage
+from dstl_ray.checkpoint.hub_checks import check_coverage
 from dstl_ray.keygroups import KeyGroupRange
 from dstl_ray.state.snapshot import KeyedStateSnapshot
 
@@ -128,7 +129,7 @@ def test_a_participant_gone_mid_checkpoint_declines_it(job):
     out = concurrent.futures.ThreadPoolExecutor(1).submit(hub.checkpoint, 1, ["tm-0"], 30)
     assert reached.wait(10)
     p._sock.shutdown(socket.SHUT_RDWR)  # the process dies with the barrier in hand
-    with pytest.raises(d.CheckpointDeclinedError, match="disconnected before answering"):
+    with pytest.raises(d.CheckpointDeclinedError, match="disconnected or restarted: \\['tm-0'\\]"):
         out.result(timeout=20)
     release.set()
     p.close()
@@ -190,3 +191,123 @@ def test_coverage_names_a_gap_or_an_overlap():
         check_coverage([snap("x", 0, 8), snap("x", 7, 15)], 16)
     with pytest.raises(d.CheckpointDeclinedError, match="not 0..15"):
         check_coverage([snap("x", 0, 7)], 16)
+    with pytest.raises(d.CheckpointDeclinedError, match="without snapshots"):
+        check_coverage([], 16)
+
+
+def test_an_empty_answer_or_a_missing_operator_declines(job):
+    """A process whose backends are not there yet answers with nothing; a job whose latest
+    checkpoint has operator ``op`` never completes one without it."""
+    coord, hub, bs = job
+    with join(hub, "tm-0", bs), join(hub, "tm-1", [], lambda n: []):
+        hub.wait_for(["tm-0", "tm-1"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="'tm-1' answered with no snapshots"):
+            hub.checkpoint(1, ["tm-0", "tm-1"])
+        assert hub.checkpoint(2, ["tm-0"]).checkpoint_id == 2
+    other = [d.ChangelogKeyedStateBackend(
+        d.StateChangelogClient("hub", transport=d.DirectTransport("hub", coord.base_path)),
+        "other", KeyGroupRange(0, MAXP - 1), MAXP, materialization_interval=None)]
+    with join(hub, "tm-2", other):
+        hub.wait_for(["tm-2"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="no snapshots of operators \\['op'\\]"):
+            hub.checkpoint(3, ["tm-2"])
+        assert hub.checkpoint(3, ["tm-2"], operators=["other"]).checkpoint_id == 3
+    other[0].close()
+
+
+def test_a_late_answer_to_a_declined_trigger_is_not_taken_for_the_next(job, tmp_path):
+    """Checkpoint 1 is declined at its deadline and taken again; the first trigger's answer,
+    with the state of its barrier, comes while the second waits: it is not the second's."""
+    coord, hub, bs = job
+    for b in bs:
+        for k in owned(b):
+            b.value_state("v").update(k, 1)
+    stale = [b.snapshot(1) for b in bs]  # the state at the first barrier: 1
+    for b in bs:
+        for k in owned(b):
+            b.value_state("v").update(k, 2)
+    late, second, go = concurrent.futures.Future(), threading.Event(), threading.Event()
+    calls = []
+
+    def snapshot(n):
+        calls.append(n)
+        if len(calls) == 1:
+            return [late]
+        second.set()
+        assert go.wait(10)
+        return [b.snapshot(n) for b in bs]
+
+    with join(hub, "tm-0", bs, snapshot):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError, match="no answer"):
+            hub.checkpoint(1, ["tm-0"], timeout_s=0.3)
+        assert not (tmp_path / "dfs" / "hub" / "chk-1").exists()  # its location went
+        again = concurrent.futures.ThreadPoolExecutor(1).submit(hub.checkpoint, 1, ["tm-0"])
+        assert second.wait(10)
+        # the first trigger's answer arrives now (one snapshot stands for the four: the
+        # coverage check would refuse it, if it were ever taken)
+        late.set_result(stale[0].result())
+        go.set()
+        assert again.result(timeout=20).checkpoint_id == 1
+    # the second answer's four snapshots, not the late one (which coverage would refuse)
+    assert len(coord.latest_checkpoint().metadata.snapshots) == 4
+
+
+def test_a_participant_restarted_after_it_answered_declines_the_checkpoint(job):
+    """tm-a answered; before tm-b does, tm-a's process is replaced by a restarted one under
+    its name: the checkpoint would hold the old process's state, and is declined."""
+    _, hub, bs = job
+    b_in, b_go = threading.Event(), threading.Event()
+
+    def slow(n):
+        b_in.set()
+        assert b_go.wait(10)
+        return [b.snapshot(n) for b in bs[2:]]
+
+    a = join(hub, "tm-a", bs[:2])
+    with join(hub, "tm-b", bs[2:], slow):
+        hub.wait_for(["tm-a", "tm-b"], timeout_s=10)
+        out = concurrent.futures.ThreadPoolExecutor(1).submit(hub.checkpoint, 1,
+                                                              ["tm-a", "tm-b"], 20)
+        assert b_in.wait(10)
+        with join(hub, "tm-a", bs[:2]):  # the restarted process
+            deadline = time.monotonic() + 10
+            while a._thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)  # the hub dropped the old connection
+            b_go.set()
+            with pytest.raises(d.CheckpointDeclinedError,
+                               match="disconnected or restarted: \\['tm-a'\\]"):
+                out.result(timeout=20)
+            assert hub.checkpoint(2, ["tm-a", "tm-b"]).checkpoint_id == 2
+    a.close()
+
+
+class _Unsendable:
+    def to_dict(self):
+        return {"operator": "op", "key_groups": [0, 15], "components": [object()]}
+
+
+def test_answers_that_do_not_read_or_cannot_be_sent_decline_naming_the_participant(job):
+    _, hub, bs = job
+    with join(hub, "tm-0", bs, lambda n: [_Unsendable()]):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError,
+                           match="'tm-0' declined it: TypeError: .*not JSON serializable"):
+            hub.checkpoint(1, ["tm-0"], timeout_s=10)
+    bad = KeyedStateSnapshot("op", KeyGroupRange(0, 15))
+    bad_dict = dict(bad.to_dict(), owned_dir="../../etc")
+
+    class _Bad:
+        def to_dict(self):
+            return bad_dict
+
+    with join(hub, "tm-1", bs, lambda n: [_Bad()]):
+        hub.wait_for(["tm-1"], timeout_s=10)
+        with pytest.raises(d.CheckpointDeclinedError,
+                           match="'tm-1' answered with a snapshot that does not read"):
+            hub.checkpoint(2, ["tm-1"], timeout_s=10)
+    with pytest.raises(d.ConfigError, match="an int >= 0, got 1.0"):
+        hub.checkpoint(1.0, ["tm-1"])
+    hub.close()
+    with pytest.raises(d.HubError, match="closed"):
+        hub.wait_for(["tm-1"], timeout_s=1)
