@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, ConfigError, HubError
-from ..transport.lane import keepalive
 from .hub_checks import check_coverage, check_operators, read_answers
 from .hub_wire import (
     MAX_HELLO,
@@ -48,12 +47,20 @@ from .hub_wire import (
     recv_frame,
     send_frame,
     trigger_of,
+    watch_peer,
 )
 from .recovery import CompletedCheckpoint
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0  # for the whole hello, however slowly its bytes come
+MAX_HELLOS = 64  # connections not yet past their hello; more are closed at once
+
+
+def _names(operators: Collection[str] | None) -> set[str] | None:
+    if operators is None:
+        return None
+    return {operators} if isinstance(operators, str) else set(operators)
 
 
 @dataclass(frozen=True)
@@ -99,10 +106,13 @@ class CheckpointHub:
     """Triggers checkpoints of ``coordinator``'s job at participant processes and completes
     them from their answers. Listens on ``host`` (``port`` 0: any free port); on a cluster of
     several machines, give the host's address the participants reach (e.g.
-    ``ray.util.get_node_ip_address()``)."""
+    ``ray.util.get_node_ip_address()``). ``operators``: the job's operators, each of which
+    every checkpoint must hold (default: those of the latest complete checkpoint)."""
 
-    def __init__(self, coordinator: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, coordinator: Any, host: str = "127.0.0.1", port: int = 0,
+                 operators: Collection[str] | None = None) -> None:
         self.coordinator = coordinator
+        self.operators = _names(operators)
         self._token = secrets.token_hex(16)
         self._server = socket.create_server((host, port))
         self.address = HubAddress(host, self._server.getsockname()[1], self._token)
@@ -110,6 +120,7 @@ class CheckpointHub:
         self._conns: dict[str, _Connection] = {}
         self._pending: dict[tuple[int, int], _Pending] = {}  # (id, attempt) -> in flight
         self._attempts = 0
+        self._hellos = threading.BoundedSemaphore(MAX_HELLOS)
         self._closed = False
         # the latest completed checkpoints' durations, oldest first
         self.history: collections.deque[HubCheckpointTimes] = collections.deque(maxlen=1000)
@@ -119,11 +130,17 @@ class CheckpointHub:
 
     def _accept(self) -> None:
         while not self._closed:
+            sock = None
             try:
                 sock, _ = self._server.accept()
+                if not self._hellos.acquire(blocking=False):
+                    sock.close()  # too many half-open hellos: this one tries again later
+                    continue
                 threading.Thread(target=self._serve, args=(sock,), name="dstl-hub-conn",
                                  daemon=True).start()
             except Exception as e:  # noqa: BLE001 - out of descriptors, say: try again
+                if sock is not None:
+                    sock.close()
                 if not self._closed:
                     log.warning("checkpoint hub: accepting a connection failed: %s", e)
                     time.sleep(0.1)
@@ -143,14 +160,17 @@ class CheckpointHub:
             return None
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        keepalive(sock)  # a host gone without a word ends its connection
+        watch_peer(sock)  # a host gone without a word ends its connection
         send_frame(sock, {"ok": True})
         return _Connection(name, sock)
 
     def _serve(self, sock: socket.socket) -> None:
         conn = None
         try:
-            conn = self._hello(sock)
+            try:
+                conn = self._hello(sock)
+            finally:
+                self._hellos.release()
             if conn is None:
                 return
             with self._cond:
@@ -218,14 +238,19 @@ class CheckpointHub:
         """Checkpoint ``checkpoint_id``: triggered at every one of ``participants``,
         completed (``_metadata`` durable) from their snapshots; raises
         :class:`CheckpointDeclinedError` naming the participant when one fails it.
-        ``operators``: the job's operators, each of which must be in it (default: those of
-        the latest complete checkpoint)."""
+        ``operators``: the job's operators, each of which must be in it (default: the hub's
+        ``operators``, else those of the latest complete checkpoint; a job that drops an
+        operator names the ones it keeps)."""
         n, names = check_checkpoint_id(checkpoint_id), sorted(set(participants))
         if not names:
             raise ConfigError("a checkpoint through the hub needs at least one participant")
-        if operators is None:
-            latest = self.coordinator.latest_checkpoint()
-            operators = {s.operator_id for s in latest.metadata.snapshots} if latest else ()
+        latest = self.coordinator.latest_checkpoint()
+        if latest is not None and n <= latest.checkpoint_id:
+            raise CheckpointDeclinedError(f"checkpoint {n}: checkpoint {latest.checkpoint_id} "
+                                          f"is complete already (ids only rise)")
+        expected = _names(operators) if operators is not None else self.operators
+        if expected is None:
+            expected = {s.operator_id for s in latest.metadata.snapshots} if latest else set()
         t0 = time.monotonic()
         with self._cond:
             if self._closed:
@@ -234,10 +259,12 @@ class CheckpointHub:
             if missing:
                 raise CheckpointDeclinedError(f"checkpoint {n}: participants not connected: "
                                               f"{missing}")
+            if any(k[0] == n for k in self._pending):
+                raise CheckpointDeclinedError(f"checkpoint {n} is already being taken")
             self._attempts += 1
             key = (n, self._attempts)
             pending = self._pending[key] = _Pending({p: self._conns[p] for p in names})
-        begun = False
+        begun = committing = False
         try:
             self.coordinator.begin_checkpoint(n)  # chk-n made while the snapshots are taken
             begun = True
@@ -250,13 +277,17 @@ class CheckpointHub:
             self._await(n, pending, t0 + timeout_s, timeout_s)
             t1 = time.monotonic()
             snaps = read_answers(n, pending.answers, self.coordinator.base_path)  # type: ignore[arg-type]
-            check_operators(n, snaps, operators)
+            check_operators(n, snaps, expected)
             check_coverage(snaps, self.coordinator.max_parallelism)
             self._still_connected(n, pending)
+            committing = True  # from here on the coordinator cleans up what it declines
             cc = self.coordinator.complete_checkpoint(n, snaps)
         except BaseException:
-            if begun:  # its chk-n goes (if empty), as a declined checkpoint's does
-                self.coordinator.locations.declined(n)
+            if begun and not committing:  # its chk-n goes (if empty), as a declined one's
+                try:
+                    self.coordinator.locations.declined(n)
+                except Exception as e:  # noqa: BLE001 - the decline is the news
+                    log.warning("checkpoint %d: its location not removed: %s", n, e)
             raise
         finally:
             with self._cond:

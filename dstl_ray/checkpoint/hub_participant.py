@@ -13,7 +13,6 @@ the error.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import socket
 import threading
@@ -22,8 +21,15 @@ from typing import Any
 
 from ..errors import HubError
 from ..state.snapshot import KeyedStateSnapshot
-from ..transport.lane import keepalive
-from .hub_wire import PROTOCOL, HubAddress, recv_frame, send_frame, trigger_of
+from .hub_wire import (
+    PROTOCOL,
+    HubAddress,
+    encode_frame,
+    recv_frame,
+    send_frame,
+    trigger_of,
+    watch_peer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class HubParticipant:
                 raise HubError(f"the checkpoint hub at {address.host}:{address.port} refused "
                                f"{name!r}: {answer.get('error', answer)}")
             sock.settimeout(None)
-            keepalive(sock)  # a hub gone without a word ends the connection
+            watch_peer(sock)  # a hub gone without a word ends the connection
         except BaseException:
             sock.close()
             raise
@@ -99,19 +105,24 @@ class HubParticipant:
         try:
             snaps = [i.result() if isinstance(i, concurrent.futures.Future) else i
                      for i in items]
-            message = {**key, "snapshots": [s.to_dict() for s in snaps]}
-            json.dumps(message)  # one that cannot be sent declines, rather than never comes
+            # encoded here: one that cannot be sent (not JSON, too big) declines, rather
+            # than never comes
+            frame = encode_frame({**key, "snapshots": [s.to_dict() for s in snaps]})
         except Exception as e:  # noqa: BLE001 - a failed snapshot declines
-            message = {**key, "error": _error(e)}
-        self._reply(message)
+            self._reply({**key, "error": _error(e)})
+            return
+        self._send_frame(frame, key["id"])
 
     def _reply(self, message: dict[str, Any]) -> None:
+        self._send_frame(encode_frame(message), message.get("id"))
+
+    def _send_frame(self, frame: bytes, n: Any) -> None:
         try:
             with self._send:
-                send_frame(self._sock, message)
+                self._sock.sendall(frame)
         except Exception as e:  # noqa: BLE001 - the hub gone: declined there, by its deadline
             log.warning("checkpoint hub participant %r: answer to checkpoint %s not sent: %s",
-                        self.name, message.get("id"), _error(e))
+                        self.name, n, _error(e))
 
     def close(self) -> None:
         """Leave the hub (a checkpoint waiting for this participant is declined). Waits up to

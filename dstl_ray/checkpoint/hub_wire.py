@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError, HubError
 
-PROTOCOL = "dstl-checkpoint-hub/1"
+PROTOCOL = "dstl-checkpoint-hub/2"  # /2: triggers and answers carry the attempt
 _LEN = struct.Struct(">I")
 # a frame is a trigger or the snapshots of one process's subtasks (handles, never state):
 # anything near this size is not a frame of this protocol
@@ -42,9 +42,32 @@ class HubAddress:
     token: str = field(repr=False)
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """A frame's bytes; :class:`HubError` for a message above :data:`MAX_FRAME` (the other
+    end would drop the connection over it)."""
     body = json.dumps(message, separators=(",", ":")).encode()
-    sock.sendall(_LEN.pack(len(body)) + body)
+    if len(body) > MAX_FRAME:
+        raise HubError(f"a frame of {len(body)} bytes, above the {MAX_FRAME} a hub reads")
+    return _LEN.pack(len(body)) + body
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(encode_frame(message))
+
+
+# how long sent bytes may stay unacknowledged before the connection is given up: keepalive
+# probes only a quiet connection, and a trigger sent to a host that is gone is not quiet
+USER_TIMEOUT_MS = 40_000
+
+
+def watch_peer(sock: socket.socket) -> None:
+    """TCP keepalive, and a bound on unacknowledged data, on a hub connection (either end):
+    a peer gone without a word ends the connection within a minute, quiet or not."""
+    from ..transport.lane import keepalive
+
+    keepalive(sock)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):  # (Linux)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, USER_TIMEOUT_MS)
 
 
 def _exactly(sock: socket.socket, n: int, deadline: float | None) -> bytes:

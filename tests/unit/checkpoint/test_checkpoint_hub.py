@@ -173,7 +173,7 @@ def test_a_wrong_token_or_garbage_is_refused_and_others_go_on(job):
     assert "token" not in repr(hub.address) and hub.address.token not in repr(hub.address)
     with socket.create_connection((hub.address.host, hub.address.port)) as s:
         s.sendall(struct.pack(">I", 5) + b"\xff\xfe{]]")  # not JSON
-        assert s.recv(10) == b""  # dropped
+        assert dropped(s)
     with join(hub, "tm-0", bs):
         hub.wait_for(["tm-0"], timeout_s=10)
         assert hub.checkpoint(1, ["tm-0"]).checkpoint_id == 1
@@ -270,6 +270,10 @@ def test_a_participant_restarted_after_it_answered_declines_the_checkpoint(job):
         out = concurrent.futures.ThreadPoolExecutor(1).submit(hub.checkpoint, 1,
                                                               ["tm-a", "tm-b"], 20)
         assert b_in.wait(10)
+        deadline = time.monotonic() + 10  # tm-a's answer is in before it restarts
+        while not any("tm-a" in p.answers for p in list(hub._pending.values())):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         with join(hub, "tm-a", bs[:2]):  # the restarted process
             deadline = time.monotonic() + 10
             while a._thread.is_alive() and time.monotonic() < deadline:
@@ -311,3 +315,98 @@ def test_answers_that_do_not_read_or_cannot_be_sent_decline_naming_the_participa
     hub.close()
     with pytest.raises(d.HubError, match="closed"):
         hub.wait_for(["tm-1"], timeout_s=1)
+
+
+def test_the_same_id_at_once_or_an_old_id_is_declined_before_any_trigger(job):
+    _, hub, bs = job
+    entered, go, calls = threading.Event(), threading.Event(), []
+
+    def snapshot(n):
+        calls.append(n)
+        entered.set()
+        assert go.wait(10)
+        return [b.snapshot(n) for b in bs]
+
+    with join(hub, "tm-0", bs, snapshot):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        first = concurrent.futures.ThreadPoolExecutor(1).submit(hub.checkpoint, 1, ["tm-0"])
+        assert entered.wait(10)
+        with pytest.raises(d.CheckpointDeclinedError, match="1 is already being taken"):
+            hub.checkpoint(1, ["tm-0"])
+        go.set()
+        assert first.result(timeout=20).checkpoint_id == 1
+        with pytest.raises(d.CheckpointDeclinedError, match="checkpoint 1 is complete already"):
+            hub.checkpoint(1, ["tm-0"])
+    assert calls == [1]  # neither refusal reached the participant
+
+
+def dropped(s) -> bool:
+    """The hub closed ``s`` (a reset when it left bytes unread)."""
+    s.settimeout(10)
+    try:
+        return s.recv(10) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_hello_too_big_or_too_slow_is_dropped(job, monkeypatch):
+    import dstl_ray.checkpoint.hub as hub_mod
+
+    _, hub, bs = job
+    monkeypatch.setattr(hub_mod, "HELLO_TIMEOUT_S", 0.3)
+    addr = (hub.address.host, hub.address.port)
+    with socket.create_connection(addr) as s:
+        s.sendall(struct.pack(">I", 4097) + b"{")  # above a hello's 4 KiB
+        assert dropped(s)
+    with socket.create_connection(addr) as s:
+        s.sendall(struct.pack(">I", 100) + b'{"hello"')  # and then nothing
+        t0 = time.monotonic()
+        assert dropped(s)
+        assert time.monotonic() - t0 < 5
+    with join(hub, "tm-0", bs):  # the hub goes on
+        hub.wait_for(["tm-0"], timeout_s=10)
+        assert hub.checkpoint(1, ["tm-0"]).checkpoint_id == 1
+
+
+def test_both_ends_watch_their_peer(job):
+    _, hub, bs = job
+    with join(hub, "tm-0", bs) as p:
+        hub.wait_for(["tm-0"], timeout_s=10)
+        for sock in (p._sock, hub._conns["tm-0"].sock):
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            if hasattr(socket, "TCP_USER_TIMEOUT"):
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) > 0
+
+
+class _Died(BaseException):
+    """Not an Exception: ends the participant's thread as a crash would."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_participant_whose_thread_dies_leaves_and_the_checkpoint_is_declined_at_once(job):
+    _, hub, bs = job
+
+    def snapshot(n):
+        raise _Died()
+
+    with join(hub, "tm-0", bs, snapshot):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        t0 = time.monotonic()
+        with pytest.raises(d.CheckpointDeclinedError, match="disconnected or restarted"):
+            hub.checkpoint(1, ["tm-0"], timeout_s=30)
+        assert time.monotonic() - t0 < 10  # not the deadline
+
+
+def test_the_hubs_operators_are_required_and_a_name_is_one_operator(tmp_path):
+    base = f"file://{tmp_path}/dfs"
+    coord = d.CheckpointCoordinator("hub2", base, max_parallelism=MAXP)
+    client = d.StateChangelogClient("hub2", transport=d.DirectTransport("hub2", base))
+    bs = coord.restore(client, "op", 1, materialization_interval=None)
+    with d.CheckpointHub(coord, operators="op") as hub:
+        assert hub.operators == {"op"}
+        with join(hub, "tm-0", bs):
+            hub.wait_for(["tm-0"], timeout_s=10)
+            assert hub.checkpoint(1, ["tm-0"]).checkpoint_id == 1
+            with pytest.raises(d.CheckpointDeclinedError, match="operators \\['x'\\]"):
+                hub.checkpoint(2, ["tm-0"], operators=["op", "x"])
+    coord.shutdown()
