@@ -154,27 +154,24 @@ class TaskManager:
     def _barriers(self, checkpoint_id: int) -> list[Any]:
         """Every hosted subtask's barrier (the hub's trigger); the futures of their
         snapshots, with the stage times kept for :meth:`times`."""
+        from dstl_ray.log.futures import when_all_done
+
         t_call, wall_in = time.perf_counter(), time.time()
         barriers = [t.barrier(checkpoint_id) for t in self.tasks]
         slowest = max(barriers, key=lambda b: b[3] - b[1])
         row = self._times[checkpoint_id] = {
             "wall_in": wall_in, "mailbox_ms": max((b[2] - b[1]) * 1000 for b in barriers),
             "snapshot_call_ms": (slowest[3] - slowest[2]) * 1000}
-        left = [len(barriers)]
-        lock = threading.Lock()
         t2 = barriers[-1][3]
 
-        def done(_f: Any) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
+        def done() -> None:
             t3 = time.perf_counter()
             row.update(persist_ms=(t3 - t2) * 1000, actor_ms=(t3 - t_call) * 1000,
                        wall_out=time.time())
 
-        for b in barriers:
-            b[0].add_done_callback(done)
+        # registered before the participant's own callbacks: the times are in before the
+        # answer leaves
+        when_all_done([b[0] for b in barriers], done)
         while len(self._times) > 10_000:
             self._times.pop(next(iter(self._times)))
         return [b[0] for b in barriers]
@@ -199,6 +196,24 @@ class TaskManager:
         for o in out:
             o["wall_out"] = wall_out
         return out
+
+
+def stage_row(parts: list[dict[str, Any]], w0: float, w_ack: float, ack_ms: float,
+              complete_ms: float, e2e_ms: float) -> dict[str, float]:
+    """One checkpoint's stages from the TaskManagers' times (``parts``: each one's, or each
+    subtask's; the slowest counts) and the driver's: the trigger left at wall time ``w0``,
+    the last answer was in at ``w_ack``, ``ack_ms`` after the trigger. The calls' two ways
+    are wall-clock differences (one machine: the clocks agree): until the last TaskManager
+    started its snapshots, and from the last answer sent until it was in."""
+    slowest = max(parts, key=lambda o: o["actor_ms"])
+    row = {k: slowest[k] for k in ("mailbox_ms", "snapshot_call_ms", "persist_ms")}
+    row["actor_calls_ms"] = ack_ms - slowest["actor_ms"]
+    row["call_ms"] = (max(o["wall_in"] for o in parts) - w0) * 1000
+    row["reply_ms"] = (w_ack - max(o["wall_out"] for o in parts)) * 1000
+    row["complete_checkpoint_ms"] = complete_ms
+    row["e2e_ms"] = e2e_ms
+    row["actor_ms"] = slowest["actor_ms"]
+    return row
 
 
 def trace_stages(actors: list[Any], tree: Any) -> dict[str, Any]:
@@ -307,18 +322,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                      for o in outs]
             coord.complete_checkpoint(cid[0], snaps)
             t2 = time.perf_counter()
-            fresh = fresh_paths(snaps)
-            slowest = max(outs, key=lambda o: o["actor_ms"])
-            row = {k: slowest[k] for k in ("mailbox_ms", "snapshot_call_ms", "persist_ms")}
-            row["actor_calls_ms"] = (t1 - t0) * 1000 - slowest["actor_ms"]
-            # the Ray calls' two ways (one machine: the clocks agree): the last TaskManager
-            # to start its snapshot, and the last answer to arrive
-            row["call_ms"] = (max(o["wall_in"] for o in outs) - w0) * 1000
-            row["reply_ms"] = (w1 - max(o["wall_out"] for o in outs)) * 1000
-            row["complete_checkpoint_ms"] = (t2 - t1) * 1000
-            row["e2e_ms"] = (t2 - t0) * 1000
-            row["actor_ms"] = slowest["actor_ms"]
-            note(row, fresh)
+            note(stage_row(outs, w0, w1, (t1 - t0) * 1000, (t2 - t1) * 1000,
+                           (t2 - t0) * 1000), fresh_paths(snaps))
             return (t1 - t0) * 1000, (t2 - t0) * 1000
 
         def hub_stages(actors: list[Any]) -> None:
@@ -329,15 +334,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 tms = [p[n] for p in parts if n in p and "wall_out" in p[n]]
                 if len(tms) != len(parts):
                     continue
-                slowest = max(tms, key=lambda t: t["actor_ms"])
-                row = {k: slowest[k] for k in ("mailbox_ms", "snapshot_call_ms", "persist_ms")}
-                row["actor_calls_ms"] = drv["ack_ms"] - slowest["actor_ms"]
-                row["call_ms"] = (max(t["wall_in"] for t in tms) - drv["w0"]) * 1000
-                row["reply_ms"] = (drv["w_ack"] - max(t["wall_out"] for t in tms)) * 1000
-                row["complete_checkpoint_ms"] = drv["complete_checkpoint_ms"]
-                row["e2e_ms"] = drv["e2e_ms"]
-                row["actor_ms"] = slowest["actor_ms"]
-                note(row, drv["fresh"])
+                note(stage_row(tms, drv["w0"], drv["w_ack"], drv["ack_ms"],
+                               drv["complete_checkpoint_ms"], drv["e2e_ms"]), drv["fresh"])
             by_hub.clear()
 
         with FileWatcher(base, interval=0.002) as files:

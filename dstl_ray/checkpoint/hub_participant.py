@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import HubError
+from ..log.futures import when_all_done
 from ..state.snapshot import KeyedStateSnapshot
 from .hub_wire import (
     PROTOCOL,
@@ -85,21 +86,8 @@ class HubParticipant:
         except Exception as e:  # noqa: BLE001 - declined, with the reason
             self._reply({**key, "error": _error(e)})
             return
-        futures = [i for i in items if isinstance(i, concurrent.futures.Future)]
-        left = [len(futures)]
-        lock = threading.Lock()
-
-        def done(_f: concurrent.futures.Future[Any]) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            self._answer(key, items)
-
-        if not futures:
-            self._answer(key, items)
-        for f in futures:
-            f.add_done_callback(done)
+        when_all_done([i for i in items if isinstance(i, concurrent.futures.Future)],
+                      lambda: self._answer(key, items))
 
     def _answer(self, key: dict[str, int], items: list[Any]) -> None:
         try:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..errors import CheckpointDeclinedError, ConfigError, DstlError
+from ..log.futures import when_all_done
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, join, normalize_url
@@ -257,23 +258,10 @@ def _discard_when_done(target: str, storage: Storage, guard: Callable[[], None] 
     """Discard the failed attempt in ``target`` now, or, while parts are still running
     (``late``: their wait timed out), once the last of them is done (the future has failed
     by then: nobody waits for the cleanup)."""
-    if not late:
-        _discard_attempt(target, storage, guard)
-        return
-    left = [len(late)]
-    lock = threading.Lock()
-
-    def one_done(_f: concurrent.futures.Future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            _discard_attempt(target, storage, guard)
-
-    log.warning("savepoint in %s: %d parts still running; its files go once they are done",
-                target, len(late))
-    for f in late:
-        f.add_done_callback(one_done)
+    if late:
+        log.warning("savepoint in %s: %d parts still running; its files go once they are "
+                    "done", target, len(late))
+    when_all_done(late, lambda: _discard_attempt(target, storage, guard))
 
 
 def _discard_attempt(target: str, storage: Storage,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..errors import PersistError
 from ..format.segment import Segment
 from ..keygroups import KeyGroupRange
+from .futures import when_all_done
 from .handle import StateChangelogHandle
 
 
@@ -64,11 +65,8 @@ def combine_uploads(result: concurrent.futures.Future, uploads: list[Upload], jo
     """Resolve ``result`` once every one of ``uploads`` is done: to the handle of log
     ``log_id``'s changes in ``(after, sqn_to]`` over their segments (sorted by sqn), or to
     a :class:`PersistError` naming the first failure (at once if ``uploads`` is empty)."""
-    remaining = [len(uploads)]
-    lock = threading.Lock()
-
     def finish() -> None:
-        errors = [u.future.exception() for u in uploads if u.future.exception() is not None]
+        errors = [e for e in (u.future.exception() for u in uploads) if e is not None]
         if errors:
             e = errors[0]
             result.set_exception(PersistError(
@@ -87,19 +85,7 @@ def combine_uploads(result: concurrent.futures.Future, uploads: list[Upload], jo
             if not result.done():
                 result.set_exception(PersistError(f"cannot build handle: {e}"))
 
-    if all(u.future.done() for u in uploads):  # (none new: a checkpoint without changes)
-        settle()
-        return
-
-    def one_done(_: concurrent.futures.Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            settle()
-
-    for up in uploads:
-        up.future.add_done_callback(one_done)
+    when_all_done([u.future for u in uploads], settle)
 
 
 def after_both(handle: concurrent.futures.Future, marked: concurrent.futures.Future,
