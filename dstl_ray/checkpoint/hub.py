@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, ConfigError, HubError
+from ..state.json_memo import DecodeMemo
 from .hub_checks import check_coverage, check_operators, read_answers
 from .hub_wire import (
     MAX_HELLO,
@@ -121,6 +122,8 @@ class CheckpointHub:
         self._pending: dict[tuple[int, int], _Pending] = {}  # (id, attempt) -> in flight
         self._attempts = 0
         self._hellos = threading.BoundedSemaphore(MAX_HELLOS)
+        # the answers' components, decoded once while they repeat (state/json_memo.py)
+        self._decoded = DecodeMemo()
         self._closed = False
         # the latest completed checkpoints' durations, oldest first
         self.history: collections.deque[HubCheckpointTimes] = collections.deque(maxlen=1000)
@@ -276,7 +279,8 @@ class CheckpointHub:
                                                   f"{p!r}: {e}") from e
             self._await(n, pending, t0 + timeout_s, timeout_s)
             t1 = time.monotonic()
-            snaps = read_answers(n, pending.answers, self.coordinator.base_path)  # type: ignore[arg-type]
+            snaps = read_answers(n, pending.answers, self.coordinator.base_path,  # type: ignore[arg-type]
+                                 self._decoded)
             check_operators(n, snaps, expected)
             check_coverage(snaps, self.coordinator.max_parallelism)
             self._still_connected(n, pending)

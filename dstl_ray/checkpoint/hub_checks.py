@@ -10,21 +10,23 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, DstlError
+from ..state.json_memo import DecodeMemo
 from ..state.snapshot import KeyedStateSnapshot
 
 
-def read_answers(n: int, answers: Mapping[str, list[Any]], base_path: str
-                 ) -> list[KeyedStateSnapshot]:
+def read_answers(n: int, answers: Mapping[str, list[Any]], base_path: str,
+                 memo: DecodeMemo | None = None) -> list[KeyedStateSnapshot]:
     """The snapshots of every participant's answer, in participant order; an answer without
     snapshots (a process whose backends are not there yet) or with one that does not read
-    declines checkpoint ``n``."""
+    declines checkpoint ``n``. ``memo``: components decoded lately (the participants hold
+    the hub's token; :mod:`~dstl_ray.state.json_memo`)."""
     out: list[KeyedStateSnapshot] = []
     for name, snaps in sorted(answers.items()):
         if not snaps:
             raise CheckpointDeclinedError(f"checkpoint {n}: participant {name!r} answered "
                                           f"with no snapshots")
         try:
-            out.extend(KeyedStateSnapshot.from_dict(d, base_path) for d in snaps)
+            out.extend(KeyedStateSnapshot.from_dict(d, base_path, memo) for d in snaps)
         except DstlError as e:
             raise CheckpointDeclinedError(f"checkpoint {n}: participant {name!r} answered "
                                           f"with a snapshot that does not read: {e}") from e

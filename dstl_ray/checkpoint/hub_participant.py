@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import HubError
 from ..log.futures import when_all_done
+from ..state.json_memo import json_list
 from ..state.snapshot import KeyedStateSnapshot
 from .hub_wire import (
     PROTOCOL,
@@ -95,7 +96,7 @@ class HubParticipant:
                      for i in items]
             # encoded here: one that cannot be sent (not JSON, too big) declines, rather
             # than never comes
-            frame = encode_frame({**key, "snapshots": [s.to_dict() for s in snaps]})
+            frame = encode_frame(key, snapshots=json_list(s.to_json() for s in snaps))
         except Exception as e:  # noqa: BLE001 - a failed snapshot declines
             self._reply({**key, "error": _error(e)})
             return

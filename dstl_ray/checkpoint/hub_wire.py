@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, HubError
+from ..state.json_memo import json_with
 
 PROTOCOL = "dstl-checkpoint-hub/2"  # /2: triggers and answers carry the attempt
 _LEN = struct.Struct(">I")
@@ -42,10 +43,12 @@ class HubAddress:
     token: str = field(repr=False)
 
 
-def encode_frame(message: dict[str, Any]) -> bytes:
-    """A frame's bytes; :class:`HubError` for a message above :data:`MAX_FRAME` (the other
-    end would drop the connection over it)."""
-    body = json.dumps(message, separators=(",", ":")).encode()
+def encode_frame(message: dict[str, Any], **encoded: str) -> bytes:
+    """A frame's bytes: ``message`` with the members of ``encoded``, JSON text already (an
+    answer's snapshots, :meth:`~dstl_ray.state.snapshot.KeyedStateSnapshot.to_json`);
+    :class:`HubError` for a message above :data:`MAX_FRAME` (the other end would drop the
+    connection over it)."""
+    body = json_with(message, **encoded).encode()
     if len(body) > MAX_FRAME:
         raise HubError(f"a frame of {len(body)} bytes, above the {MAX_FRAME} a hub reads")
     return _LEN.pack(len(body)) + body

@@ -7,7 +7,6 @@ the base path.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from ..errors import HandleError, StorageError
 from ..format.materialized import parse_job
 from ..format.segment import loads, non_negative_int, show
+from ..state.json_memo import json_list, json_with
 from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, normalize_url
 from ..storage.registry import get_storage
@@ -83,12 +83,11 @@ class CheckpointMetadata:
     epoch: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"type": "dstl-checkpoint", "version": METADATA_VERSION,
-                           "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
-                           "max_parallelism": self.max_parallelism,
-                           "timestamp": self.timestamp, "epoch": self.epoch,
-                           "snapshots": [s.to_dict() for s in self.snapshots]},
-                          separators=(",", ":"), sort_keys=True)
+        return json_with({"type": "dstl-checkpoint", "version": METADATA_VERSION,
+                          "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
+                          "max_parallelism": self.max_parallelism,
+                          "timestamp": self.timestamp, "epoch": self.epoch},
+                         snapshots=json_list(s.to_json() for s in self.snapshots))
 
     @classmethod
     def from_json(cls, text: str | bytes, metadata_url: str) -> CheckpointMetadata:

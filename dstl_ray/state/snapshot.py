@@ -17,6 +17,7 @@ snapshot cannot steer reads or deletes outside the base path.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from ..log.handle import StateChangelogHandle
 from ..storage.base import Storage, join
 from ..storage.registry import get_storage
 from .incremental import read_changes
+from .json_memo import DecodeMemo, TextMemo, json_list, json_with
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +132,42 @@ def restricted(c: Component, key_groups: KeyGroupRange) -> Component:
     return dataclasses.replace(c, restrict=key_groups)
 
 
-def component_from_dict(d: object, base_path: str) -> Component:
+_ENCODED = TextMemo()  # components' JSON text, for every snapshot of this process
+
+
+def component_json(c: Component) -> str:
+    """``c``'s JSON text (compact, keys sorted), made once while it is kept."""
+    return _ENCODED.text(c, lambda x: json.dumps(x.to_dict(), separators=(",", ":"),
+                                                 sort_keys=True))
+
+
+def component_name(d: dict[str, Any], base_path: str) -> tuple[str, str, str] | None:
+    """What names the component of JSON ``d`` for a :class:`DecodeMemo`: its materialized
+    file, or its changelog's log (None: not kept)."""
+    kind = d.get("type")
+    if kind == "materialized":
+        name = d.get("path")
+    elif kind == "changelog":
+        handle = d.get("handle")
+        name = handle.get("log_id") if isinstance(handle, dict) else None
+    else:
+        return None
+    return (base_path, kind, name) if isinstance(name, str) else None
+
+
+def component_from_dict(d: object, base_path: str, memo: DecodeMemo | None = None
+                        ) -> Component:
+    """The component of snapshot JSON ``d`` (:class:`HandleError` if it does not read);
+    with ``memo``, JSON equal to some it decoded lately gives the same component again."""
     if not isinstance(d, dict):
         raise HandleError(f"component must be an object, got {type(d).__name__}")
+    if memo is not None:
+        return memo.decode(component_name(d, base_path), d,
+                           lambda x: _decode_component(x, base_path))
+    return _decode_component(d, base_path)
+
+
+def _decode_component(d: dict[str, Any], base_path: str) -> Component:
     if d.get("type") == "materialized":
         return MaterializedHandle.from_dict(d)
     if d.get("type") == "changelog":
@@ -159,9 +194,9 @@ class KeyedStateSnapshot:
     # the processing time (ms) its micro-batch ran at: a replay of the batch runs at it again
     processing_time_ms: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d = {"operator": self.operator_id, "key_groups": self.key_group_range.to_json(),
-             "components": [c.to_dict() for c in self.components]}
+    def _fields(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"operator": self.operator_id,
+                             "key_groups": self.key_group_range.to_json()}
         if self.owned_dir is not None:
             d["owned_dir"] = self.owned_dir
         for name in ("event_time_ms", "processing_time_ms"):
@@ -169,8 +204,20 @@ class KeyedStateSnapshot:
                 d[name] = getattr(self, name)
         return d
 
+    def to_dict(self) -> dict[str, Any]:
+        return {**self._fields(), "components": [c.to_dict() for c in self.components]}
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_dict())``, each component's text made once while it is
+        kept (:class:`EncodedComponents`)."""
+        return json_with(self._fields(),
+                         components=json_list(component_json(c) for c in self.components))
+
     @classmethod
-    def from_dict(cls, d: object, base_path: str) -> KeyedStateSnapshot:
+    def from_dict(cls, d: object, base_path: str, memo: DecodeMemo | None = None
+                  ) -> KeyedStateSnapshot:
+        """The snapshot of JSON ``d`` (:class:`HandleError` if it does not read); ``memo``:
+        see :func:`component_from_dict`."""
         if not isinstance(d, dict) or not isinstance(d.get("operator"), str):
             raise HandleError("malformed keyed state snapshot")
         comps = d.get("components")
@@ -186,7 +233,7 @@ class KeyedStateSnapshot:
             if t is not None and (isinstance(t, bool) or not isinstance(t, int)):
                 raise HandleError(f"snapshot {name} must be an integer, got {t!r}")
         return cls(d["operator"], KeyGroupRange.from_json(d.get("key_groups")),
-                   tuple(component_from_dict(c, base_path) for c in comps), owned, *times)
+                   tuple(component_from_dict(c, base_path, memo) for c in comps), owned, *times)
 
     def state_size(self) -> int:
         """Bytes of state the snapshot names (see :func:`component_size`)."""

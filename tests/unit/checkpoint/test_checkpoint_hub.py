@@ -7,6 +7,7 @@ them as Ray actors."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import socket
 import struct
 import threading
@@ -287,8 +288,10 @@ def test_a_participant_restarted_after_it_answered_declines_the_checkpoint(job):
 
 
 class _Unsendable:
-    def to_dict(self):
-        return {"operator": "op", "key_groups": [0, 15], "components": [object()]}
+    """A snapshot whose JSON cannot be made (a participant answers with what it encodes)."""
+
+    def to_json(self):
+        return json.dumps({"operator": "op", "key_groups": [0, 15], "components": [object()]})
 
 
 def test_answers_that_do_not_read_or_cannot_be_sent_decline_naming_the_participant(job):
@@ -302,8 +305,8 @@ def test_answers_that_do_not_read_or_cannot_be_sent_decline_naming_the_participa
     bad_dict = dict(bad.to_dict(), owned_dir="../../etc")
 
     class _Bad:
-        def to_dict(self):
-            return bad_dict
+        def to_json(self):
+            return json.dumps(bad_dict)
 
     with join(hub, "tm-1", bs, lambda n: [_Bad()]):
         hub.wait_for(["tm-1"], timeout_s=10)
