@@ -18,8 +18,8 @@ def read_answers(n: int, answers: Mapping[str, list[Any]], base_path: str,
                  memo: DecodeMemo | None = None) -> list[KeyedStateSnapshot]:
     """The snapshots of every participant's answer, in participant order; an answer without
     snapshots (a process whose backends are not there yet) or with one that does not read
-    declines checkpoint ``n``. ``memo``: components decoded lately (the participants hold
-    the hub's token; :mod:`~dstl_ray.state.json_memo`)."""
+    declines checkpoint ``n``. ``memo``: components decoded lately
+    (:mod:`~dstl_ray.state.json_memo`)."""
     out: list[KeyedStateSnapshot] = []
     for name, snaps in sorted(answers.items()):
         if not snaps:

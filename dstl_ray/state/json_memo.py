@@ -11,24 +11,28 @@ in one process, twice that under load. Two memos keep the results:
 - :class:`TextMemo`: an object's JSON text, by object (held while kept, so its ``id`` stays
   its own);
 - :class:`DecodeMemo`: what a decoder made of some JSON, by a name the JSON carries (a file, a
-  log), handed out again only for JSON equal to a private copy of the JSON it came from.
-  Equal as Python compares JSON values (``1`` and ``1.0`` alike), so it belongs where the
-  JSON comes from a trusted writer (the hub's participants, who hold its token), not to
-  files read back, where a decode must refuse every malformed field.
+  log), handed out again only for JSON whose text is the text it came from (so ``1``,
+  ``1.0`` and ``true`` stay apart: a field the decoder refuses is refused every time).
 
-Both are bounded in entries and in bytes of JSON: a full memo starts over.
+Both are bounded in entries and in an estimate of the memory they hold (a multiple of the
+JSON text): a full memo starts over.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 MAX_ENTRIES = 1024
-MAX_BYTES = 32 << 20  # of JSON text kept (a large job's materialized index is megabytes)
+# of memory held, estimated as OBJECT_FACTOR times the JSON text (a materialized index's
+# section is ~19 bytes of text and ~130 bytes as a tuple of ints): a large job's index is
+# megabytes of text, so only a few of its components are kept
+MAX_BYTES = 64 << 20
+OBJECT_FACTOR = 8
 
 
 def json_list(texts: Iterable[str]) -> str:
@@ -39,6 +43,8 @@ def json_list(texts: Iterable[str]) -> str:
 def json_with(fields: dict[str, Any], **encoded: str) -> str:
     """The JSON object of ``fields`` (keys sorted, compact) with members whose values are
     JSON text already (``encoded``, after them)."""
+    if fields.keys() & encoded.keys():
+        raise ValueError(f"members given twice: {sorted(fields.keys() & encoded.keys())}")
     head = json.dumps(fields, separators=(",", ":"), sort_keys=True)
     tail = "".join(f",{json.dumps(k)}:{v}" for k, v in encoded.items())
     return head[:-1] + tail + "}" if fields else "{" + tail[1:] + "}"
@@ -47,18 +53,28 @@ def json_with(fields: dict[str, Any], **encoded: str) -> str:
 class _Bounded(Generic[T]):
     def __init__(self, max_entries: int, max_bytes: int) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._memo: dict[Hashable, T] = {}
+        self._memo: dict[Hashable, tuple[int, T]] = {}  # key -> (its size, value)
         self._bytes = 0
+        self._lock = threading.Lock()
         self.hits = 0
 
-    def _keep(self, key: Hashable, value: T, size: int) -> None:
+    def _get(self, key: Hashable) -> T | None:
+        kept = self._memo.get(key)
+        return None if kept is None else kept[1]
+
+    def _keep(self, key: Hashable, value: T, text_bytes: int) -> None:
+        size = text_bytes * OBJECT_FACTOR
         if size > self.max_bytes:
             return
-        if len(self._memo) >= self.max_entries or self._bytes + size > self.max_bytes:
-            self._memo.clear()  # (one thread clears while another reads: a miss, no more)
-            self._bytes = 0
-        self._memo[key] = value
-        self._bytes += size
+        with self._lock:
+            old = self._memo.pop(key, None)
+            if old is not None:
+                self._bytes -= old[0]
+            if len(self._memo) >= self.max_entries or self._bytes + size > self.max_bytes:
+                self._memo.clear()
+                self._bytes = 0
+            self._memo[key] = (size, value)
+            self._bytes += size
 
 
 class TextMemo(_Bounded[tuple[Any, str]]):
@@ -69,7 +85,7 @@ class TextMemo(_Bounded[tuple[Any, str]]):
         super().__init__(max_entries, max_bytes)
 
     def text(self, obj: Any, encode: Callable[[Any], str]) -> str:
-        kept = self._memo.get(id(obj))
+        kept = self._get(id(obj))
         if kept is not None and kept[0] is obj:
             self.hits += 1
             return kept[1]
@@ -78,26 +94,25 @@ class TextMemo(_Bounded[tuple[Any, str]]):
         return text
 
 
-class DecodeMemo(_Bounded[tuple[Any, Any]]):
+class DecodeMemo(_Bounded[tuple[str, Any]]):
     """What ``decode`` made of JSON values seen lately, by the name each carries."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         super().__init__(max_entries, max_bytes)
 
     def decode(self, name: Hashable | None, value: Any, decode: Callable[[Any], T]) -> T:
-        """``decode(value)``, or what it gave for an equal value under ``name`` (None: not
-        kept). Raises what ``decode`` raises."""
-        if name is not None:
-            kept = self._memo.get(name)
-            if kept is not None and kept[0] == value:
-                self.hits += 1
-                return kept[1]  # type: ignore[no-any-return]
+        """``decode(value)``, or what it gave for a value of the same JSON text under
+        ``name`` (None: not kept). Raises what ``decode`` raises."""
+        if name is None:
+            return decode(value)
+        try:
+            text = json.dumps(value)  # C-fast; a decode with its checks is not
+        except (TypeError, ValueError, RecursionError):
+            return decode(value)  # not plain JSON: decoded (and refused) every time
+        kept = self._get(name)
+        if kept is not None and kept[0] == text:
+            self.hits += 1
+            return kept[1]  # type: ignore[no-any-return]
         out = decode(value)
-        if name is not None:
-            try:
-                text = json.dumps(value)
-                copy = json.loads(text)  # (the caller's value may change later)
-            except (TypeError, ValueError, RecursionError):
-                return out  # not plain JSON: not kept
-            self._keep(name, (copy, out), len(text))
+        self._keep(name, (text, out), len(text))
         return out

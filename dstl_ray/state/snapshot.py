@@ -141,18 +141,20 @@ def component_json(c: Component) -> str:
                                                  sort_keys=True))
 
 
-def component_name(d: dict[str, Any], base_path: str) -> tuple[str, str, str] | None:
+def component_name(d: dict[str, Any], base_path: str) -> tuple[str, ...] | None:
     """What names the component of JSON ``d`` for a :class:`DecodeMemo`: its materialized
-    file, or its changelog's log (None: not kept)."""
+    file (where in it, which key groups), or its changelog's log (and the key groups it is
+    restricted to); None: not kept."""
     kind = d.get("type")
     if kind == "materialized":
-        name = d.get("path")
+        name, more = d.get("path"), (d.get("offset"), d.get("key_groups"))
     elif kind == "changelog":
         handle = d.get("handle")
         name = handle.get("log_id") if isinstance(handle, dict) else None
+        more = (d.get("restrict"),)
     else:
         return None
-    return (base_path, kind, name) if isinstance(name, str) else None
+    return (base_path, kind, name, *map(repr, more)) if isinstance(name, str) else None
 
 
 def component_from_dict(d: object, base_path: str, memo: DecodeMemo | None = None

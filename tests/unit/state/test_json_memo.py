@@ -73,17 +73,27 @@ def test_a_text_memo_encodes_an_object_once_and_another_object_again():
 
 
 def test_memos_stay_bounded_in_entries_and_bytes():
-    memo = TextMemo(max_entries=3, max_bytes=1000)
-    objs = [object() for _ in range(10)]
-    for o in objs:
+    memo = TextMemo(max_entries=3, max_bytes=8000)
+    for o in [object() for _ in range(10)]:
         memo.text(o, lambda _: "x" * 10)
     assert len(memo._memo) <= 3
     memo.text(object(), lambda _: "y" * 5000)  # larger than the whole memo: not kept
-    assert memo._bytes <= 1000
-    dm = DecodeMemo(max_entries=2, max_bytes=50)
+    assert 0 < memo._bytes <= 8000
+    dm = DecodeMemo(max_entries=2, max_bytes=2000)
     for i in range(6):
         dm.decode(f"n{i}", {"i": i, "pad": "z" * 10}, lambda v: v["i"])
-    assert len(dm._memo) <= 2 and dm._bytes <= 50
+    assert len(dm._memo) <= 2 and dm._bytes <= 2000
+    # a name decoded again replaces its entry and its size
+    dm = DecodeMemo(max_entries=5, max_bytes=100_000)
+    for i in range(50):
+        dm.decode("same", {"i": i}, lambda v: v["i"])
+    assert len(dm._memo) == 1 and dm._bytes == len(json.dumps({"i": 49})) * 8
+
+
+def test_spliced_members_are_not_given_twice():
+    with pytest.raises(ValueError, match="given twice"):
+        json_with({"a": 1}, a="2")
+    assert json.loads(json_with({}, a="[1]")) == {"a": [1]} and json_with({}) == "{}"
 
 
 def test_a_decode_memo_hands_out_only_what_the_same_json_decoded_to():
@@ -105,6 +115,13 @@ def test_a_decode_memo_hands_out_only_what_the_same_json_decoded_to():
     # a bad component under a name the memo knows is refused as without a memo
     with pytest.raises(HandleError, match="outside key groups"):
         memo.decode("a.dstm", {**d, "size": 10}, dec)
+    # equal to a kept one as Python compares it, but not the same JSON: decoded (and
+    # refused) again, as without a memo
+    good = snapshot().to_dict()["components"][0]
+    memo.decode("m", good, dec)
+    assert {**good, "sqn": 5.0} == good
+    with pytest.raises(HandleError, match="materialized sqn"):
+        memo.decode("m", {**good, "sqn": 5.0}, dec)
     # not JSON (a set): decoded, not kept
     memo.decode("odd", {"x": {1}}, lambda v: 1)
     assert "odd" not in memo._memo
