@@ -122,7 +122,7 @@ class CheckpointHub:
         self._pending: dict[tuple[int, int], _Pending] = {}  # (id, attempt) -> in flight
         self._attempts = 0
         self._hellos = threading.BoundedSemaphore(MAX_HELLOS)
-        # the answers' components, decoded once while they repeat (state/json_memo.py)
+        # the answers' snapshots, each text decoded once while it repeats (state/json_memo.py)
         self._decoded = DecodeMemo()
         self._closed = False
         # the latest completed checkpoints' durations, oldest first
@@ -164,8 +164,7 @@ class CheckpointHub:
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         watch_peer(sock)  # a host gone without a word ends its connection
-        send_frame(sock, {"ok": True})
-        return _Connection(name, sock)
+        return _Connection(name, sock)  # (its "ok" goes once it is registered)
 
     def _serve(self, sock: socket.socket) -> None:
         conn = None
@@ -180,6 +179,9 @@ class CheckpointHub:
                 if self._closed:
                     return
                 old, self._conns[conn.name] = self._conns.get(conn.name), conn
+                # told ok once registered (the one its name's checkpoints trigger from now
+                # on), and before any trigger (they go out after taking this lock)
+                conn.send({"ok": True})
                 self._cond.notify_all()
             if old is not None:  # restarted: the old process's answers no longer count
                 old.close()

@@ -9,24 +9,32 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from ..errors import CheckpointDeclinedError, DstlError
+from ..errors import CheckpointDeclinedError, DstlError, HandleError
 from ..state.json_memo import DecodeMemo
 from ..state.snapshot import KeyedStateSnapshot
 
 
 def read_answers(n: int, answers: Mapping[str, list[Any]], base_path: str,
                  memo: DecodeMemo | None = None) -> list[KeyedStateSnapshot]:
-    """The snapshots of every participant's answer, in participant order; an answer without
-    snapshots (a process whose backends are not there yet) or with one that does not read
-    declines checkpoint ``n``. ``memo``: components decoded lately
-    (:mod:`~dstl_ray.state.json_memo`)."""
+    """The snapshots of every participant's answer (each snapshot's JSON text), in
+    participant order; an answer without snapshots (a process whose backends are not there
+    yet) or with one that does not read declines checkpoint ``n``. ``memo``: the same text
+    decodes to the same snapshot (:mod:`~dstl_ray.state.json_memo`)."""
     out: list[KeyedStateSnapshot] = []
+
+    def read(text: str) -> KeyedStateSnapshot:
+        return KeyedStateSnapshot.from_json(text, base_path)
+
     for name, snaps in sorted(answers.items()):
         if not snaps:
             raise CheckpointDeclinedError(f"checkpoint {n}: participant {name!r} answered "
                                           f"with no snapshots")
         try:
-            out.extend(KeyedStateSnapshot.from_dict(d, base_path, memo) for d in snaps)
+            for text in snaps:
+                if not isinstance(text, str):
+                    raise HandleError(f"a snapshot is sent as its JSON text, got "
+                                      f"{type(text).__name__}")
+                out.append(memo.decode(text, read) if memo is not None else read(text))
         except DstlError as e:
             raise CheckpointDeclinedError(f"checkpoint {n}: participant {name!r} answered "
                                           f"with a snapshot that does not read: {e}") from e

@@ -13,6 +13,7 @@ the error.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import socket
 import threading
@@ -96,7 +97,8 @@ class HubParticipant:
                      for i in items]
             # encoded here: one that cannot be sent (not JSON, too big) declines, rather
             # than never comes
-            frame = encode_frame(key, snapshots=json_list(s.to_json() for s in snaps))
+            frame = encode_frame(key, snapshots=json_list(json.dumps(s.to_json())
+                                                          for s in snaps))
         except Exception as e:  # noqa: BLE001 - a failed snapshot declines
             self._reply({**key, "error": _error(e)})
             return

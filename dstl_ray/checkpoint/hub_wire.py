@@ -5,7 +5,8 @@ A frame is a 4-byte big-endian length and a JSON object (UTF-8); nothing is ever
 so a frame can make neither side run code. A connection starts with the participant's hello
 (the protocol, the hub's token, the participant's name) and the hub's answer to it; then the
 hub sends triggers (``{"id": n}``) and the participant answers each (``{"id": n,
-"snapshots": [...]}`` or ``{"id": n, "error": "..."}``), Flink's ``triggerCheckpoint`` and
+"snapshots": [text, ...]}``, each snapshot's JSON as a string, which the hub decodes once while
+it repeats, or ``{"id": n, "error": "..."}``), Flink's ``triggerCheckpoint`` and
 ``acknowledgeCheckpoint`` / ``declineCheckpoint``. A trigger carries an ``attempt``, a number
 the hub never uses twice, and the answer returns it: a late answer to an earlier trigger of
 the same checkpoint id (one the hub declined, then took again) is never taken for the new
@@ -24,7 +25,8 @@ from typing import Any
 from ..errors import ConfigError, HubError
 from ..state.json_memo import json_with
 
-PROTOCOL = "dstl-checkpoint-hub/2"  # /2: triggers and answers carry the attempt
+PROTOCOL = "dstl-checkpoint-hub/3"  # /2: triggers and answers carry the attempt; /3: an
+# answer's snapshots are each one's JSON text (state/json_memo.py)
 _LEN = struct.Struct(">I")
 # a frame is a trigger or the snapshots of one process's subtasks (handles, never state):
 # anything near this size is not a frame of this protocol

@@ -6,13 +6,13 @@ same changelog handle. Along the path of a checkpoint through a
 :class:`~dstl_ray.checkpoint.hub.CheckpointHub` the same components are encoded by the
 participant that answers, decoded with all their checks by the hub, and encoded again into
 ``_metadata``; for four subtasks that came to 0.8 ms of a 3.3 ms checkpoint without changes
-in one process, twice that under load. Two memos keep the results:
+in one process, twice that under load. So a participant answers with each snapshot's JSON
+text, and two memos keep the results:
 
 - :class:`TextMemo`: an object's JSON text, by object (held while kept, so its ``id`` stays
   its own);
-- :class:`DecodeMemo`: what a decoder made of some JSON, by a name the JSON carries (a file, a
-  log), handed out again only for JSON whose text is the text it came from (so ``1``,
-  ``1.0`` and ``true`` stay apart: a field the decoder refuses is refused every time).
+- :class:`DecodeMemo`: what a decoder made of a JSON text, by the text (so the same text
+  decodes to the same, immutable, result: a field the checks refuse is refused every time).
 
 Both are bounded in entries and in an estimate of the memory they hold (a multiple of the
 JSON text): a full memo starts over.
@@ -94,25 +94,19 @@ class TextMemo(_Bounded[tuple[Any, str]]):
         return text
 
 
-class DecodeMemo(_Bounded[tuple[str, Any]]):
-    """What ``decode`` made of JSON values seen lately, by the name each carries."""
+class DecodeMemo(_Bounded[Any]):
+    """What ``decode`` made of JSON texts seen lately, by text."""
 
     def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         super().__init__(max_entries, max_bytes)
 
-    def decode(self, name: Hashable | None, value: Any, decode: Callable[[Any], T]) -> T:
-        """``decode(value)``, or what it gave for a value of the same JSON text under
-        ``name`` (None: not kept). Raises what ``decode`` raises."""
-        if name is None:
-            return decode(value)
-        try:
-            text = json.dumps(value)  # C-fast; a decode with its checks is not
-        except (TypeError, ValueError, RecursionError):
-            return decode(value)  # not plain JSON: decoded (and refused) every time
-        kept = self._get(name)
-        if kept is not None and kept[0] == text:
+    def decode(self, text: str, decode: Callable[[str], T]) -> T:
+        """``decode(text)``, or what it gave for the same text lately. Raises what ``decode``
+        raises (nothing is kept then)."""
+        kept = self._get(text)
+        if kept is not None:
             self.hits += 1
-            return kept[1]  # type: ignore[no-any-return]
-        out = decode(value)
-        self._keep(name, (text, out), len(text))
+            return kept  # type: ignore[no-any-return]
+        out = decode(text)
+        self._keep(text, out, len(text))
         return out

@@ -34,13 +34,13 @@ from ..format.materialized import (
     read_sections,
     states_json,
 )
-from ..format.segment import check_relative_path, show
+from ..format.segment import check_relative_path, loads, show
 from ..keygroups import KeyGroupRange
 from ..log.handle import StateChangelogHandle
 from ..storage.base import Storage, join
 from ..storage.registry import get_storage
 from .incremental import read_changes
-from .json_memo import DecodeMemo, TextMemo, json_list, json_with
+from .json_memo import TextMemo, json_list, json_with
 
 log = logging.getLogger(__name__)
 
@@ -141,35 +141,9 @@ def component_json(c: Component) -> str:
                                                  sort_keys=True))
 
 
-def component_name(d: dict[str, Any], base_path: str) -> tuple[str, ...] | None:
-    """What names the component of JSON ``d`` for a :class:`DecodeMemo`: its materialized
-    file (where in it, which key groups), or its changelog's log (and the key groups it is
-    restricted to); None: not kept."""
-    kind = d.get("type")
-    if kind == "materialized":
-        name, more = d.get("path"), (d.get("offset"), d.get("key_groups"))
-    elif kind == "changelog":
-        handle = d.get("handle")
-        name = handle.get("log_id") if isinstance(handle, dict) else None
-        more = (d.get("restrict"),)
-    else:
-        return None
-    return (base_path, kind, name, *map(repr, more)) if isinstance(name, str) else None
-
-
-def component_from_dict(d: object, base_path: str, memo: DecodeMemo | None = None
-                        ) -> Component:
-    """The component of snapshot JSON ``d`` (:class:`HandleError` if it does not read);
-    with ``memo``, JSON equal to some it decoded lately gives the same component again."""
+def component_from_dict(d: object, base_path: str) -> Component:
     if not isinstance(d, dict):
         raise HandleError(f"component must be an object, got {type(d).__name__}")
-    if memo is not None:
-        return memo.decode(component_name(d, base_path), d,
-                           lambda x: _decode_component(x, base_path))
-    return _decode_component(d, base_path)
-
-
-def _decode_component(d: dict[str, Any], base_path: str) -> Component:
     if d.get("type") == "materialized":
         return MaterializedHandle.from_dict(d)
     if d.get("type") == "changelog":
@@ -211,15 +185,18 @@ class KeyedStateSnapshot:
 
     def to_json(self) -> str:
         """``json.dumps(self.to_dict())``, each component's text made once while it is
-        kept (:class:`EncodedComponents`)."""
+        kept (:class:`~dstl_ray.state.json_memo.TextMemo`)."""
         return json_with(self._fields(),
                          components=json_list(component_json(c) for c in self.components))
 
     @classmethod
-    def from_dict(cls, d: object, base_path: str, memo: DecodeMemo | None = None
-                  ) -> KeyedStateSnapshot:
-        """The snapshot of JSON ``d`` (:class:`HandleError` if it does not read); ``memo``:
-        see :func:`component_from_dict`."""
+    def from_json(cls, text: str, base_path: str) -> KeyedStateSnapshot:
+        """The snapshot of JSON ``text`` (:meth:`to_json`'s); :class:`HandleError` if it
+        does not read."""
+        return cls.from_dict(loads(text, "keyed state snapshot"), base_path)
+
+    @classmethod
+    def from_dict(cls, d: object, base_path: str) -> KeyedStateSnapshot:
         if not isinstance(d, dict) or not isinstance(d.get("operator"), str):
             raise HandleError("malformed keyed state snapshot")
         comps = d.get("components")
@@ -235,7 +212,7 @@ class KeyedStateSnapshot:
             if t is not None and (isinstance(t, bool) or not isinstance(t, int)):
                 raise HandleError(f"snapshot {name} must be an integer, got {t!r}")
         return cls(d["operator"], KeyGroupRange.from_json(d.get("key_groups")),
-                   tuple(component_from_dict(c, base_path, memo) for c in comps), owned, *times)
+                   tuple(component_from_dict(c, base_path) for c in comps), owned, *times)
 
     def state_size(self) -> int:
         """Bytes of state the snapshot names (see :func:`component_size`)."""
