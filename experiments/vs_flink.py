@@ -253,7 +253,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
 
     base = work / f"dstl-{nodes}{'-traced' if traced else ''}{'' if bursts else '-even'}"
     cluster = start_local_cluster(nodes, 2, NS)
-    hub = None
+    hub = coord = None
     try:
         tree = deploy(f"file://{base}", ChangelogConfig(
             namespace=NS, tracing="memory" if traced else "off"), detached=False)
@@ -434,6 +434,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
     finally:
         if hub is not None:
             hub.close()
+        if coord is not None:  # its lease renewals stop before the run's files go
+            coord.shutdown()
         ray.shutdown()
         cluster.shutdown()
 
