@@ -96,8 +96,8 @@ class _Connection:
 
 @dataclass
 class _Pending:
-    """One trigger in flight: the connections it went to, and their answers (snapshot
-    dicts, or the error a participant declined with)."""
+    """One trigger in flight: the connections it went to, and their answers (the snapshots'
+    JSON texts, or the error a participant declined with)."""
 
     conns: dict[str, _Connection]
     answers: dict[str, list[Any] | str] = field(default_factory=dict)
@@ -178,10 +178,11 @@ class CheckpointHub:
             with self._cond:
                 if self._closed:
                     return
-                old, self._conns[conn.name] = self._conns.get(conn.name), conn
-                # told ok once registered (the one its name's checkpoints trigger from now
-                # on), and before any trigger (they go out after taking this lock)
+                # told ok as it is registered (the one its name's checkpoints trigger from
+                # now on), before any trigger (they go out after taking this lock); an ok
+                # that cannot be sent leaves the old connection in place
                 conn.send({"ok": True})
+                old, self._conns[conn.name] = self._conns.get(conn.name), conn
                 self._cond.notify_all()
             if old is not None:  # restarted: the old process's answers no longer count
                 old.close()

@@ -166,6 +166,27 @@ def test_a_restarted_participant_replaces_its_old_connection(job):
         old.close()
 
 
+def test_a_restart_whose_ok_cannot_be_sent_leaves_the_old_connection(job, monkeypatch):
+    from dstl_ray.checkpoint import hub as hub_module
+
+    _, hub, bs = job
+    with join(hub, "tm-0", bs):
+        hub.wait_for(["tm-0"], timeout_s=10)
+        send = hub_module._Connection.send
+
+        def no_ok(conn, message):
+            if message == {"ok": True}:
+                raise OSError("the new process went away before its ok")
+            send(conn, message)
+
+        monkeypatch.setattr(hub_module._Connection, "send", no_ok)
+        with pytest.raises(d.HubError, match="closed"):
+            join(hub, "tm-0", bs)
+        monkeypatch.undo()
+        assert hub.connected() == ["tm-0"]
+        assert hub.checkpoint(1, ["tm-0"], timeout_s=10).checkpoint_id == 1
+
+
 def test_a_wrong_token_or_garbage_is_refused_and_others_go_on(job):
     _, hub, bs = job
     bad = d.HubAddress(hub.address.host, hub.address.port, "0" * 32)
