@@ -35,6 +35,11 @@ MAX_BYTES = 64 << 20
 OBJECT_FACTOR = 8
 
 
+def compact_json(value: Any) -> str:
+    """``value`` as compact JSON, keys sorted (how snapshots and metadata are written)."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
 def json_list(texts: Iterable[str]) -> str:
     """A JSON array of values that are JSON text already."""
     return "[" + ",".join(texts) + "]"
@@ -45,13 +50,13 @@ def json_with(fields: dict[str, Any], **encoded: str) -> str:
     JSON text already (``encoded``, after them)."""
     if fields.keys() & encoded.keys():
         raise ValueError(f"members given twice: {sorted(fields.keys() & encoded.keys())}")
-    head = json.dumps(fields, separators=(",", ":"), sort_keys=True)
+    head = compact_json(fields)
     tail = "".join(f",{json.dumps(k)}:{v}" for k, v in encoded.items())
     return head[:-1] + tail + "}" if fields else "{" + tail[1:] + "}"
 
 
 class _Bounded(Generic[T]):
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._memo: dict[Hashable, tuple[int, T]] = {}  # key -> (its size, value)
         self._bytes = 0
@@ -81,9 +86,6 @@ class TextMemo(_Bounded[tuple[Any, str]]):
     """JSON text of objects encoded lately (immutable ones: a frozen dataclass's text never
     changes), by object."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
-        super().__init__(max_entries, max_bytes)
-
     def text(self, obj: Any, encode: Callable[[Any], str]) -> str:
         kept = self._get(id(obj))
         if kept is not None and kept[0] is obj:
@@ -96,9 +98,6 @@ class TextMemo(_Bounded[tuple[Any, str]]):
 
 class DecodeMemo(_Bounded[Any]):
     """What ``decode`` made of JSON texts seen lately, by text."""
-
-    def __init__(self, max_entries: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
-        super().__init__(max_entries, max_bytes)
 
     def decode(self, text: str, decode: Callable[[str], T]) -> T:
         """``decode(text)``, or what it gave for the same text lately. Raises what ``decode``

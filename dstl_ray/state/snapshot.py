@@ -17,7 +17,6 @@ snapshot cannot steer reads or deletes outside the base path.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from ..log.handle import StateChangelogHandle
 from ..storage.base import Storage, join
 from ..storage.registry import get_storage
 from .incremental import read_changes
-from .json_memo import TextMemo, json_list, json_with
+from .json_memo import TextMemo, compact_json, json_list, json_with
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +136,7 @@ _ENCODED = TextMemo()  # components' JSON text, for every snapshot of this proce
 
 def component_json(c: Component) -> str:
     """``c``'s JSON text (compact, keys sorted), made once while it is kept."""
-    return _ENCODED.text(c, lambda x: json.dumps(x.to_dict(), separators=(",", ":"),
-                                                 sort_keys=True))
+    return _ENCODED.text(c, lambda x: compact_json(x.to_dict()))
 
 
 def component_from_dict(d: object, base_path: str) -> Component:
