@@ -33,6 +33,9 @@ Run: python -m experiments.spark_throughput [--quick] [--systems 0,1,3,4,5 --kee
 experiments/results/spark_throughput.json] (rows of systems not run are kept from an
 earlier run, each marked ``from_run`` with its date) [--batches N] (micro-batches per run;
 each system once per run: a second query of the same system finds its input read)
+[--rounds R] (every system R times per size, alternating, experiments.paired_rounds: each
+row is a system's median round, each ratio the median of the rounds' ratios; this machine's
+speed drifts by a quarter and more between minutes)
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import Any
 
 from .common import machine, parser, plt, summary, write_results
 from .file_watcher import FileWatcher
+from .paired_rounds import median_item, median_ratio, round_order
 from .vs_flink import files_by_kind
 from .vs_spark_state_store import ROCKSDB, _progress, _run_query
 
@@ -150,11 +154,13 @@ def _stats(system: str, events: int, keys: int, batch_ms: list[float],
 
 
 def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: int, keys: int,
-             batches: int, combine: bool | str = False) -> dict[str, Any]:
+             batches: int, combine: bool | str = False, tag: str = "") -> dict[str, Any]:
+    """One run of a dstl-ray system (``tag``: the round's, so each run is a job of its
+    own)."""
     from spark_glue import KeyedStatefulOperator
 
     kind = "-combine" if combine is True else f"-{combine}" if combine else ""
-    job = f"tp-{api}{kind}-{events}-{keys}"
+    job = f"tp-{api}{kind}-{events}-{keys}{tag}"
     update = {("rows", False): per_key, ("rows", True): per_key_combined,
               ("pandas", False): vectorized, ("pandas", True): vectorized_combined,
               ("pandas", "map-side"): vectorized_combined}[api, combine]
@@ -197,11 +203,12 @@ def run_dstl(spark: Any, src: Path, work: Path, base: Path, api: str, events: in
 
 
 def run_spark(spark: Any, src: Path, work: Path, kind: str, events: int, keys: int,
-              batches: int) -> dict[str, Any]:
+              batches: int, tag: str = "") -> dict[str, Any]:
+    """One run of a Spark system (``tag``: the round's, a checkpoint location of its own)."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    chk = work / f"chk-spark-{kind}-{events}-{keys}"
+    chk = work / f"chk-spark-{kind}-{events}-{keys}{tag}"
 
     def start() -> Any:
         df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
@@ -223,6 +230,51 @@ def run_spark(spark: Any, src: Path, work: Path, kind: str, events: int, keys: i
                   [p["durationMs"]["triggerExecution"] for p in prog],
                   [sum(o.get("commitTimeMs", 0) for o in p["stateOperators"]) for p in prog],
                   len(files.seen), len(prog))
+
+
+# ratio name -> (system over, system under), each system an index into SYSTEMS
+RATIOS = {"vectorized_over_apply_in_pandas": (1, 2), "vectorized_over_native_agg": (1, 3),
+          "vectorized_combine_over_native_agg": (4, 3), "per_key_over_native_agg": (0, 3),
+          "per_key_combine_over_native_agg": (5, 3),
+          "vectorized_map_side_combine_over_native_agg": (6, 3)}
+
+
+def _of(runs: list[dict[str, Any]], system: str, e: int, k: int) -> list[dict[str, Any]]:
+    return [r for r in runs if r["system"] == system and (r["events_per_batch"], r["keys"])
+            == (e, k)]
+
+
+def median_rows(runs: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
+    """A row per system and size: its median round's run by batch p50, with every round's
+    batch p50 (``rounds_batch_ms_p50``) when there were several."""
+    rows = []
+    for system, e, k in dict.fromkeys((r["system"], r["events_per_batch"], r["keys"])
+                                      for r in runs):
+        mine = _of(runs, system, e, k)
+        row = {x: v for x, v in median_item(mine, lambda r: r["batch_ms_p50"]).items()
+               if x != "round"}
+        if rounds > 1:
+            row["rounds_batch_ms_p50"] = [r["batch_ms_p50"] for r in mine]
+        rows.append(row)
+    return rows
+
+
+def size_ratios(runs: list[dict[str, Any]], e: int, k: int) -> dict[str, Any]:
+    """The ratios of one size (:data:`RATIOS`): events/s of one system over another's, the
+    median of the rounds' pairs, only between runs of this run (a row kept from another run
+    was measured on another day, maybe another machine: no ratio); each round's in
+    ``per_round``."""
+    out: dict[str, Any] = {"events_per_batch": e, "keys": k}
+    per_round: dict[str, list[float]] = {}
+    for name, (a, b) in RATIOS.items():
+        got = median_ratio(*({r["round"]: r["events_per_s"] for r in _of(runs, SYSTEMS[i], e, k)}
+                             for i in (a, b)))
+        out[name] = got and got["median"]
+        if got and len(got["per_round"]) > 1:
+            per_round[name] = got["per_round"]
+    if per_round:
+        out["per_round"] = per_round
+    return out
 
 
 def plot(rows: list[dict[str, Any]], sizes: list[tuple[int, int]]) -> Any:
@@ -284,6 +336,10 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=0,
                    help="micro-batches per run, the first a warm-up (default: 6 at 10k "
                         "events, else 4)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every system this many times per size, alternating "
+                        "(experiments.paired_rounds): each row is the system's median "
+                        "round, each ratio the median of the rounds' ratios")
     p.add_argument("--keep-from", default="",
                    help="an earlier spark_throughput.json: its rows of the systems not run "
                         "now are kept, marked with that run's date (the slow ones need not "
@@ -308,7 +364,8 @@ def main() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the update functions
     work = Path(tempfile.mkdtemp(prefix="spark-tp-"))
     cluster = start_local_cluster(3, 1, NS)
-    rows: list[dict[str, Any]] = []
+    rounds = max(1, args.rounds)
+    runs: list[dict[str, Any]] = []  # every run of every round
     try:
         spark = start_spark("spark-tp", num_executors=3, executor_cores=1,
                             executor_memory="1500M",
@@ -325,16 +382,19 @@ def main() -> None:
                 n = args.batches or (6 if e <= 10_000 else 4)
                 src = work / f"in-{e}-{k}"
                 write_inputs(src, n, e, k, seed=e + k)
-                for si in systems:
+                for rnd, si in ((i, si) for i in range(rounds)
+                                for si in round_order(systems, i)):
                     t0 = time.perf_counter()
+                    tag = f"-r{rnd}" if rounds > 1 else ""
                     if si in (0, 1, 4, 5, 6):
                         r = run_dstl(spark, src, work, base,
                                      "rows" if si in (0, 5) else "pandas", e, k, n,
-                                     combine="map-side" if si == 6 else si in (4, 5))
+                                     combine="map-side" if si == 6 else si in (4, 5), tag=tag)
                     else:
-                        r = run_spark(spark, src, work, "pandas" if si == 2 else "agg", e, k, n)
-                    rows.append(r)
-                    print(f"[spark_throughput] {e} events, {k} keys, {r['system']}: "
+                        r = run_spark(spark, src, work, "pandas" if si == 2 else "agg", e, k, n,
+                                      tag=tag)
+                    runs.append({**r, "round": rnd})
+                    print(f"[spark_throughput] {e} events, {k} keys, round {rnd}, {r['system']}: "
                           f"{r['events_per_s']:,.0f} events/s, batch p50 "
                           f"{r['batch_ms_p50']:.0f} ms, commit p50 {r['commit_ms_p50']:.0f} "
                           f"ms, {r['state_files_per_batch']:.1f} state files/batch "
@@ -348,35 +408,19 @@ def main() -> None:
         cluster.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
+    rows = median_rows(runs, rounds)
     if earlier is not None:
         ran = {SYSTEMS[i] for i in systems}
         rows += [{**r, "from_run": r.get("from_run", earlier["machine"]["date"])}
                  for r in earlier["rows"]
                  if r["system"] not in ran and (r["events_per_batch"], r["keys"]) in sizes]
-
-    def ratio(a: str, b: str, e: int, k: int) -> float | None:
-        """a's events/s over b's at one size, both measured in this run (a row kept from
-        another run was measured on another day, maybe another machine: no ratio)."""
-        x = [r["events_per_s"] for r in rows if r["system"] == a and "from_run" not in r
-             and (r["events_per_batch"], r["keys"]) == (e, k)]
-        y = [r["events_per_s"] for r in rows if r["system"] == b and "from_run" not in r
-             and (r["events_per_batch"], r["keys"]) == (e, k)]
-        return x[0] / y[0] if x and y else None
-
-    ratios = [{"events_per_batch": e, "keys": k,
-               "vectorized_over_apply_in_pandas": ratio(SYSTEMS[1], SYSTEMS[2], e, k),
-               "vectorized_over_native_agg": ratio(SYSTEMS[1], SYSTEMS[3], e, k),
-               "vectorized_combine_over_native_agg": ratio(SYSTEMS[4], SYSTEMS[3], e, k),
-               "per_key_over_native_agg": ratio(SYSTEMS[0], SYSTEMS[3], e, k),
-               "per_key_combine_over_native_agg": ratio(SYSTEMS[5], SYSTEMS[3], e, k),
-               "vectorized_map_side_combine_over_native_agg": ratio(SYSTEMS[6], SYSTEMS[3],
-                                                                    e, k)}
-              for e, k in sizes]
+    ratios = [size_ratios(runs, e, k) for e, k in sizes]
     data = {
         "workload": {"events_per_batch": events, "keys": keys, "ray_nodes": 3,
                      "executors": 3, "executor_cores": 1, "parallelism": 3,
                      "batches": (f"{args.batches}" if args.batches else
-                                 "6 (10k), 4 (100k, 1M)") + "; the first is the warm-up"},
+                                 "6 (10k), 4 (100k, 1M)") + "; the first is the warm-up",
+                     "rounds": rounds},
         "rows": rows, "ratios": ratios,
         "targets": targets(ratios, rows),
         "machine": machine(),

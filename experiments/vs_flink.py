@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import count_at_rate, machine, parser, plt, summary, write_results
+from .paired_rounds import median_item
 
 HERE = Path(__file__).resolve().parent
 NS = "vs-flink"
@@ -505,8 +506,7 @@ def median_row(n: int, rounds: list[dict[str, Any]], trace: dict[str, Any]
         got = [r[kind] for r in rounds if kind in r]
         if not got:
             return None, None, []
-        keyed = sorted(got, key=lambda df: over(e2e(df[0]), e2e(df[1])) or 0.0)
-        d, f = keyed[(len(keyed) - 1) // 2]
+        d, f = median_item(got, lambda df: over(e2e(df[0]), e2e(df[1])) or 0.0)
         return d, f, [{"e2e_ms_p50": e2e(x)["p50"], "ack_ms_p50": x["ack_ms"]["p50"],
                        "checkpoints_with_changes": x["checkpoints_with_changes"],
                        "flink_e2e_ms_p50": (e2e(y) or {}).get("p50"),
