@@ -51,12 +51,3 @@ def check_combine(combine: Any, key: str, event_time: str | None) -> Combine | N
                           f"column (e.g. {{{event_time!r}: F.max({event_time!r})}}): the "
                           f"watermark is read from the rows the update gets")
     return dict(combine)
-
-
-def combined_in_spark(df: Any, key: str, combine: Combine | None
-                      ) -> tuple[Any, Callable[[Any], Any] | None]:
-    """``df`` and the function left to run per input partition: a mapping's aggregation is
-    applied here, in the JVM (``df.groupBy(key).agg(...)``), leaving none."""
-    if not isinstance(combine, Mapping):
-        return df, combine
-    return df.groupBy(key).agg(*[expr.alias(name) for name, expr in combine.items()]), None

@@ -47,7 +47,7 @@ from .initial_frame import InitialFrame, is_frame
 from .placement import Placement
 from .progress import ProgressMetrics
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
-from .routing import MapSide, route
+from .route_plan import RoutePlan, route
 from .sinks import Outputs, Sink
 from .state_shapes import check_against, drop_spec, schema_spec
 from .stats import BatchHistory, BatchStats
@@ -201,7 +201,7 @@ class KeyedStatefulOperator:
         self._parallelism = parallelism
         # keep each subtask on its executor (spark_glue.placement)
         self._placement = Placement(sticky)
-        self._map_side = MapSide()  # the routing's UDFs, as well
+        self._route_plan = RoutePlan()  # the routing's JVM objects, as well
         self._client = StateChangelogClient(job_id, namespace=self.namespace)
         import ray
 
@@ -377,7 +377,7 @@ class KeyedStatefulOperator:
         p = spec.parallelism
         routed = route(drop_ticks(df), self.key, spec.max_parallelism, p, self.combine,
                        self._initial.df if spec.initial_columns else None,
-                       self._map_side).rdd  # type: ignore
+                       self._route_plan).rdd  # type: ignore
         if routed.getNumPartitions() != p:
             # Spark's adaptive execution gives an empty shuffle no partitions: an empty
             # micro-batch still checkpoints every subtask

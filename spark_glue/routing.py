@@ -17,7 +17,8 @@ Three steps, none of which pickles a row:
    into one Arrow table; :func:`group_by_key` orders it by key and finds each key's rows.
 
 Python objects per row exist only where the user's per-key function asks for them
-(:func:`rows_of`).
+(:func:`rows_of`). Steps 1 and 2 become each micro-batch's Spark plan in
+:mod:`spark_glue.route_plan`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .archives import keep_spark_archive_indexes
-from .combine import Combine, combined_in_spark
 
 ROUTE, SUBTASK, PAYLOAD = "_dstl_route", "_dstl_subtask", "_dstl_payload"
 
@@ -199,66 +199,6 @@ def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[
                 names=[ROUTE, SUBTASK, PAYLOAD])
 
     return split
-
-
-class MapSide:
-    """Step 1's ``mapInArrow`` UDFs of one operator, made once per Spark context.
-    ``DataFrame.mapInArrow`` makes a new UDF at every call: it pickles the function and
-    builds its JVM objects, 44 py4j round trips to the driver JVM, 120 ms a micro-batch on
-    a busy driver. A UDF is reusable on any DataFrame (its function and output schema are
-    fixed: the splitter's parameters key it), so each batch only applies it to its
-    columns. The function is pickled once: a ``combine`` object changed between batches is
-    shipped as it was at the first."""
-
-    def __init__(self) -> None:
-        self._sc: Any = None
-        self._udfs: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # -> (combine, UDF)
-
-    def apply(self, df: Any, key: str, max_parallelism: int, parallelism: int,
-              combine: Callable[[Any], Any] | None) -> Any:
-        """``df.mapInArrow(splitter(...), routed_schema())``, with the UDF made once."""
-        from pyspark.rdd import PythonEvalType
-        from pyspark.sql import DataFrame
-        from pyspark.sql.pandas.functions import pandas_udf
-
-        sc = df.sparkSession.sparkContext
-        if self._sc is not sc:  # a new session: its JVM knows none of ours
-            self._sc, self._udfs = sc, {}
-        # the combiner by identity (it need not be hashable; the entry holds it, so its id
-        # is not reused), and the files added with addPyFile, which the UDF ships
-        params = (key, max_parallelism, parallelism, id(combine),
-                  tuple(getattr(sc, "_python_includes", None) or ()))
-        got = self._udfs.get(params)
-        if got is None:
-            got = self._udfs[params] = combine, pandas_udf(  # type: ignore[call-overload]
-                splitter(key, max_parallelism, parallelism, route_values(parallelism),
-                         combine),
-                returnType=routed_schema(), functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-        column = got[1](*[df[c] for c in df.columns])  # as DataFrame.mapInArrow does (3.5)
-        return DataFrame(df._jdf.pythonMapInArrow(column._jc.expr(), False), df.sparkSession)
-
-
-def route(df: Any, key: str, max_parallelism: int, parallelism: int,
-          combine: Combine | None = None, extra: Any = None,
-          map_side: MapSide | None = None) -> Any:
-    """Steps 1 and 2: ``df``'s rows as Arrow payloads, partition ``i`` holding subtask
-    ``i``'s; ``df``'s rows through ``combine`` first (if given: a function per input
-    partition, a mapping in the JVM, :mod:`spark_glue.combine`), and ``extra``'s rows routed
-    alongside, uncombined (the initial state's, spark_glue.initial_frame).
-    ``map_side``: the operator's UDFs (a new one's otherwise)."""
-    from pyspark.sql.functions import col
-
-    if key not in df.columns:
-        from dstl_ray.errors import ConfigError
-
-        raise ConfigError(f"key column {key!r} is not in the micro-batch's columns "
-                          f"{df.columns}")
-    udfs = map_side or MapSide()
-    df, combine = combined_in_spark(df, key, combine)
-    payloads = udfs.apply(df, key, max_parallelism, parallelism, combine)
-    if extra is not None:
-        payloads = payloads.union(udfs.apply(extra, key, max_parallelism, parallelism, None))
-    return payloads.repartition(parallelism, col(ROUTE))
 
 
 def read_payloads(index: int, rows: Iterable[Any]) -> Any:
