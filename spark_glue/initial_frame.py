@@ -21,6 +21,7 @@ from typing import Any
 
 from dstl_ray.errors import ConfigError, InvalidValueError, StateError
 
+from .routing import quoted
 from .timers import TIMERS_STATE
 
 FLAG = "__dstl_initial"
@@ -55,7 +56,8 @@ class InitialFrame:
                                   f"name")
         from pyspark.sql import functions as F
 
-        df = source.select(F.col(key), *(F.col(f"`{n}`").alias(PREFIX + n) for n in names),
+        df = source.select(F.col(quoted(key)),
+                           *(F.col(quoted(n)).alias(PREFIX + n) for n in names),
                            F.lit(True).alias(FLAG))
         return cls(df, tuple((n, PREFIX + n) for n in names))
 

@@ -18,12 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .combine import Combine
-from .routing import ROUTE, route_values, routed_schema, splitter
-
-
-def quoted(name: str) -> str:
-    """A column name as ``col()`` takes it literally (a name with a dot, a backtick)."""
-    return "`" + name.replace("`", "``") + "`"
+from .routing import ROUTE, quoted, route_values, routed_schema, splitter
 
 
 class RoutePlan:
@@ -44,8 +39,9 @@ class RoutePlan:
         self._sc: Any = None
         # splitter parameters -> (combine, UDF, {column names: the UDF's call on them})
         self._udfs: dict[tuple[Any, ...], tuple[Any, Any, dict[tuple[str, ...], Any]]] = {}
-        # (key, id(mapping)) -> (mapping, grouping Seq, first aggregate, the others' Seq)
-        self._aggs: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
+        # (key, the mapping's (name, id(expression))s) -> (its items, grouping Seq, first
+        # aggregate, the others' Seq)
+        self._aggs: dict[tuple[Any, ...], tuple[Any, Any, Any, Any]] = {}
         self._by_route: Any = None  # Seq(col(ROUTE))
 
     def _context(self, sc: Any) -> None:
@@ -59,15 +55,21 @@ class RoutePlan:
         from pyspark.sql.column import _to_seq
         from pyspark.sql.functions import col
 
+        if not combine:
+            from dstl_ray.errors import ConfigError
+
+            raise ConfigError("combine as a mapping needs at least one output column")
         sc = df.sparkSession.sparkContext
         self._context(sc)
-        got = self._aggs.get((key, id(combine)))
-        if got is None:  # (the entry holds the mapping: its id is not reused)
-            exprs = [expr.alias(name)._jc for name, expr in combine.items()]
-            got = self._aggs[key, id(combine)] = (combine, _to_seq(sc, [col(quoted(key))._jc]),
-                                                   exprs[0], _to_seq(sc, exprs[1:]))
+        items = tuple(combine.items())  # (a mapping changed in place is another entry)
+        params = (key, tuple((name, id(expr)) for name, expr in items))
+        got = self._aggs.get(params)
+        if got is None:  # (the entry holds the expressions: their ids are not reused)
+            exprs = [expr.alias(name)._jc for name, expr in items]
+            got = self._aggs[params] = (items, _to_seq(sc, [col(quoted(key))._jc]), exprs[0],
+                                        _to_seq(sc, exprs[1:]))
         jdf = df._jdf.groupBy(got[1]).agg(got[2], got[3])
-        return DataFrame(jdf, df.sparkSession), [key, *combine]
+        return DataFrame(jdf, df.sparkSession), [key, *(name for name, _ in items)]
 
     def apply(self, df: Any, columns: Sequence[str], key: str, max_parallelism: int,
               parallelism: int, combine: Callable[[Any], Any] | None) -> Any:

@@ -42,6 +42,12 @@ def _rotl(x: int, r: int) -> int:
     return ((x << r) | (x >> (32 - r))) & _M32
 
 
+def quoted(name: str) -> str:
+    """A column name as Spark's ``col()`` takes it literally (a name with a dot or a
+    backtick is no struct field)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def spark_hash_int(value: int, seed: int = 42) -> int:
     """Spark SQL's ``hash()`` of an IntegerType value: Murmur3_x86_32 ``hashInt`` with seed
     42, as a signed 32-bit int (what its hash partitioning reduces modulo the partitions)."""

@@ -100,6 +100,7 @@ def _routed(df):
     out = {}
     for i, part in enumerate(df.rdd.glom().collect()):
         table = read_payloads(i, part)
+        assert table is None or table.column_names == ["user.id", "n", "total.sum"]
         out[i] = [] if table is None else sorted(zip(*table.to_pydict().values(), strict=True))
     return out
 
