@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .combine import Combine
+from .combine import Combine, check_combine
 from .routing import ROUTE, quoted, route_values, routed_schema, splitter
 
 
@@ -32,7 +32,7 @@ class RoutePlan:
       per UDF and column names. The function is pickled once: a ``combine`` object changed
       between batches is shipped as it was at the first.
     - A combiner mapping's ``groupBy(key).agg(...)``: its grouping and aggregate columns
-      as the JVM takes them, by the mapping's identity (the operator keeps one).
+      as the JVM takes them, by the mapping's names and expressions.
     - The route column ``repartition`` hashes."""
 
     def __init__(self) -> None:
@@ -55,10 +55,7 @@ class RoutePlan:
         from pyspark.sql.column import _to_seq
         from pyspark.sql.functions import col
 
-        if not combine:
-            from dstl_ray.errors import ConfigError
-
-            raise ConfigError("combine as a mapping needs at least one output column")
+        check_combine(combine, key, None)  # (the operator's is checked: a caller's may not be)
         sc = df.sparkSession.sparkContext
         self._context(sc)
         items = tuple(combine.items())  # (a mapping changed in place is another entry)
