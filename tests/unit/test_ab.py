@@ -1,0 +1,117 @@
+"""experiments.ab: an experiment from two revisions in paired rounds, each figure's ratio
+oriented so above 1 is better for head, a figure worse by more than the tolerance marked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from experiments.ab import Figure, compare, main, spark_throughput_figures, vs_flink_figures
+
+
+def test_ratios_are_oriented_by_which_way_is_better():
+    base = {0: {"eps": Figure(1000, True), "ms": Figure(10, False)},
+            1: {"eps": Figure(1100, True), "ms": Figure(12, False)},
+            2: {"eps": Figure(900, True), "ms": Figure(10, False)}}
+    head = {0: {"eps": Figure(800, True), "ms": Figure(9, False), "new": Figure(1, True)},
+            1: {"eps": Figure(990, True), "ms": Figure(10, False), "new": Figure(1, True)},
+            2: {"eps": Figure(810, True), "ms": Figure(10, False), "new": Figure(1, True)}}
+    got = compare(base, head, tolerance=0.1)
+    rows = {r["figure"]: r for r in got["figures"]}
+    assert rows["eps"]["per_round"] == pytest.approx([0.8, 0.9, 0.9])
+    assert rows["eps"]["ratio"] == pytest.approx(0.9) and not rows["eps"]["worse"]
+    # lower is better: base over head, so a faster head is above 1
+    assert rows["ms"]["per_round"] == pytest.approx([10 / 9, 1.2, 1.0])
+    assert rows["ms"]["ratio"] == pytest.approx(10 / 9) and not rows["ms"]["worse"]
+    assert got["only_one_revision"] == ["new"] and got["worse"] == []
+    tight = compare(base, head, tolerance=0.05)
+    assert tight["worse"] == ["eps"]
+
+
+def test_a_round_that_measured_one_side_only_is_not_paired():
+    base = {0: {"x": Figure(100, True)}, 1: {"x": Figure(100, True)}}
+    head = {1: {"x": Figure(50, True)}}
+    row = compare(base, head, 0.1)["figures"][0]
+    assert row["per_round"] == [0.5] and row["worse"]
+
+
+def test_figures_of_the_experiments_json():
+    tp = {"rows": [{"system": "Spark groupBy().agg()", "events_per_batch": 10000, "keys": 1000,
+                    "events_per_s": 5000.0},
+                   {"system": "x", "events_per_batch": 1, "keys": 1, "events_per_s": 0}]}
+    assert spark_throughput_figures(tp) == {
+        "Spark groupBy().agg() @ 10000/1000 events/s": Figure(5000.0, True)}
+    vf = {"runs": [{"nodes": 2, "dstl_ray": {"e2e_ms": {"p50": 9.0}, "ack_ms": {"p50": 5.0}},
+                    "flink": {"e2e_ms": {"p50": 14.0}},
+                    "per_round": {"even": [{"e2e_ms_p50": 21.0}, {"e2e_ms_p50": 25.0},
+                                           {"e2e_ms_p50": 23.0}]}}]}
+    assert vs_flink_figures(vf) == {
+        "dstl-ray e2e_ms p50 @ 2 nodes": Figure(9.0, False),
+        "dstl-ray ack_ms p50 @ 2 nodes": Figure(5.0, False),
+        "dstl-ray even e2e_ms p50 @ 2 nodes": Figure(23.0, False),
+        "Flink e2e_ms p50 @ 2 nodes (control)": Figure(14.0, False)}
+
+
+TOY = '''"""A stand-in spark_throughput: writes the rows it is given, counting its runs."""
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+runs = Path(__file__).with_name("runs.txt")
+runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+rows = [{{"system": s, "events_per_batch": 10, "keys": 1, "events_per_s": v}}
+        for s, v in {rows!r}.items()]
+(out / "spark_throughput.json").write_text(json.dumps({{"rows": rows, "argv": sys.argv[1:]}}))
+'''
+
+
+def _commit(repo: Path, rows: dict[str, float], message: str) -> str:
+    (repo / "experiments" / "spark_throughput.py").write_text(TOY.format(rows=rows))
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qm", message], check=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_two_revisions_of_a_repository_run_in_worktrees_and_a_slower_one_is_marked(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "experiments").mkdir(parents=True)
+    (repo / "experiments" / "__init__.py").write_text("")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    old = _commit(repo, {"slower": 1000.0, "faster": 500.0}, "base")
+    new = _commit(repo, {"slower": 800.0, "faster": 600.0}, "head")
+    out = tmp_path / "out"
+    data = main(["--repo", str(repo), "--base", old[:8], "--rounds", "2", "--out", str(out),
+                 "--", "spark_throughput", "--events", "10"])
+    assert data["revisions"] == {"base": old, "head": new}
+    rows = {r["figure"]: r for r in data["figures"]}
+    assert rows["slower @ 10/1 events/s"]["ratio"] == pytest.approx(0.8)
+    assert rows["faster @ 10/1 events/s"]["ratio"] == pytest.approx(1.2)
+    assert data["worse"] == ["slower @ 10/1 events/s"]
+    written = json.loads((out / "ab_spark_throughput.json").read_text())
+    assert written["worse"] == data["worse"] and (out / "ab_spark_throughput.png").exists()
+    # the worktrees are gone, and the runs wrote into them, not into the repository
+    trees = subprocess.run(["git", "-C", str(repo), "worktree", "list"], check=True,
+                           capture_output=True, text=True).stdout.strip().splitlines()
+    assert len(trees) == 1
+    assert not (repo / "experiments" / "runs.txt").exists()
+
+
+def test_an_experiment_without_figures_or_a_failing_run_is_an_error(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--base", "HEAD", "--", "no_such_experiment"])
+    repo = tmp_path / "repo"
+    (repo / "experiments").mkdir(parents=True)
+    (repo / "experiments" / "__init__.py").write_text("")
+    (repo / "experiments" / "spark_throughput.py").write_text("raise SystemExit(3)\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    "commit", "-qm", "x"], check=True)
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        main(["--repo", str(repo), "--base", "HEAD", "--rounds", "1",
+              "--out", str(tmp_path / "out"), "--", "spark_throughput"])
