@@ -38,6 +38,9 @@ from .common import parser, plt, run_in_group, write_results
 from .paired_rounds import median_ratio, round_order
 
 REPO = Path(__file__).resolve().parent.parent
+# a figure no change of this repository moves (a peer system's, run by the same experiment):
+# its ratio between the paired runs is the machine's drift, the noise floor of the others'
+CONTROL = " (control)"
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,10 @@ class Figure:
 
 
 def spark_throughput_figures(doc: dict[str, Any]) -> dict[str, Figure]:
-    """Events/s of every system and size (each row: the system's median round)."""
-    return {f"{r['system']} @ {r['events_per_batch']}/{r['keys']} events/s":
+    """Events/s of every system and size (each row: the system's median round); Spark's own
+    systems are controls."""
+    return {f"{r['system']} @ {r['events_per_batch']}/{r['keys']} events/s"
+            f"{CONTROL if r['system'].startswith('Spark ') else ''}":
             Figure(float(r["events_per_s"]), True) for r in doc.get("rows", [])
             if r.get("events_per_s")}
 
@@ -74,7 +79,7 @@ def vs_flink_figures(doc: dict[str, Any]) -> dict[str, Figure]:
                                                                    False)
         flink = run.get("flink") or {}
         if isinstance(flink.get("e2e_ms"), dict):
-            out[f"Flink e2e_ms p50 @ {n} nodes (control)"] = Figure(
+            out[f"Flink e2e_ms p50 @ {n} nodes{CONTROL}"] = Figure(
                 float(flink["e2e_ms"]["p50"]), False)
     return out
 
@@ -90,8 +95,10 @@ def compare(base: dict[int, dict[str, Figure]], head: dict[int, dict[str, Figure
             tolerance: float) -> dict[str, Any]:
     """Every figure both revisions measured in some round: the median of its paired ratios
     (``head`` over ``base`` when higher is better, ``base`` over ``head`` when lower is), each
-    round's, and whether it is worse by more than ``tolerance``; and the figures only one
-    revision had."""
+    round's, and whether it is worse by more than ``tolerance``; the figures only one
+    revision had; the figures worse but for the controls, and the controls' largest
+    distance from 1 (``control_drift``: a figure that moved less than it may not have moved
+    at all)."""
     names = {n for runs in (base, head) for figs in runs.values() for n in figs}
     rows, apart = [], []
     for name in sorted(names):
@@ -108,8 +115,11 @@ def compare(base: dict[int, dict[str, Figure]], head: dict[int, dict[str, Figure
                      "per_round": got["per_round"], "worse": got["median"] < 1 - tolerance,
                      "base": [b[i].value for i in sorted(b)],
                      "head": [h[i].value for i in sorted(h)]})
+    drift = [abs(1 - r["ratio"]) for r in rows if r["figure"].endswith(CONTROL)]
     return {"figures": rows, "only_one_revision": apart,
-            "worse": [r["figure"] for r in rows if r["worse"]]}
+            "worse": [r["figure"] for r in rows if r["worse"]
+                      and not r["figure"].endswith(CONTROL)],
+            "control_drift": max(drift) if drift else None}
 
 
 def git(repo: Path, *args: str) -> str:
@@ -138,7 +148,8 @@ def plot(result: dict[str, Any], title: str) -> Any:
     rows = result["figures"]
     fig, ax = pyplot.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
     ax.barh([r["figure"] for r in rows], [r["ratio"] for r in rows],
-            color=["tab:red" if r["worse"] else "tab:blue" for r in rows])
+            color=["tab:gray" if r["figure"].endswith(CONTROL) else "tab:red"
+                   if r["worse"] else "tab:blue" for r in rows])
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xlabel("head vs base (median of paired rounds; > 1: head better)")
     ax.set_title(title, fontsize=9)
@@ -173,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="dstl-ab-"))
     trees = {}
     runs: dict[str, dict[int, dict[str, Figure]]] = {"base": {}, "head": {}}
+    done = False
     try:
         for side, rev in revs.items():
             trees[side] = work / side
@@ -184,16 +196,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 doc = run_once(trees[side], module, margs, out, work / f"{side}-{i}.log",
                                args.timeout)
                 runs[side][i] = FIGURES[module](doc)
+        done = True
     finally:
         for tree in trees.values():
             subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force",
                             str(tree)], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+        if done:
+            shutil.rmtree(work, ignore_errors=True)
+        else:  # the runs' logs and JSON stay for a look
+            print(f"[ab] the runs' logs are kept in {work}", file=sys.stderr, flush=True)
     result = compare(runs["base"], runs["head"], args.tolerance)
     for r in result["figures"]:
         print(f"[ab] {r['figure']}: {r['ratio']:.2f}x "
               f"({', '.join(f'{x:.2f}' for x in r['per_round'])})"
-              f"{'  WORSE' if r['worse'] else ''}", flush=True)
+              f"{'  WORSE' if r['figure'] in result['worse'] else ''}", flush=True)
+    if result["control_drift"] is not None:
+        print(f"[ab] the controls moved by up to {result['control_drift']:.0%}", flush=True)
     data = {"command": " ".join(["python -m experiments.ab", *argv]), "revisions": revs,
             "rounds": args.rounds, "tolerance": args.tolerance, **result}
     write_results(f"ab_{module}", data,

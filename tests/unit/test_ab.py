@@ -4,6 +4,7 @@ oriented so above 1 is better for head, a figure worse by more than the toleranc
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -27,8 +28,18 @@ def test_ratios_are_oriented_by_which_way_is_better():
     assert rows["ms"]["per_round"] == pytest.approx([10 / 9, 1.2, 1.0])
     assert rows["ms"]["ratio"] == pytest.approx(10 / 9) and not rows["ms"]["worse"]
     assert got["only_one_revision"] == ["new"] and got["worse"] == []
+    assert got["control_drift"] is None
     tight = compare(base, head, tolerance=0.05)
     assert tight["worse"] == ["eps"]
+
+
+def test_a_control_is_never_worse_and_gives_the_drift():
+    base = {0: {"ours": Figure(100, True), "peer (control)": Figure(100, True)}}
+    head = {0: {"ours": Figure(70, True), "peer (control)": Figure(75, True)}}
+    got = compare(base, head, 0.1)
+    assert got["worse"] == ["ours"]
+    assert [r["worse"] for r in got["figures"]] == [True, True]
+    assert got["control_drift"] == pytest.approx(0.25)
 
 
 def test_a_round_that_measured_one_side_only_is_not_paired():
@@ -42,8 +53,11 @@ def test_figures_of_the_experiments_json():
     tp = {"rows": [{"system": "Spark groupBy().agg()", "events_per_batch": 10000, "keys": 1000,
                     "events_per_s": 5000.0},
                    {"system": "x", "events_per_batch": 1, "keys": 1, "events_per_s": 0}]}
+    tp["rows"].append({"system": "dstl-ray vectorized", "events_per_batch": 10000,
+                       "keys": 1000, "events_per_s": 6000.0})
     assert spark_throughput_figures(tp) == {
-        "Spark groupBy().agg() @ 10000/1000 events/s": Figure(5000.0, True)}
+        "Spark groupBy().agg() @ 10000/1000 events/s (control)": Figure(5000.0, True),
+        "dstl-ray vectorized @ 10000/1000 events/s": Figure(6000.0, True)}
     vf = {"runs": [{"nodes": 2, "dstl_ray": {"e2e_ms": {"p50": 9.0}, "ack_ms": {"p50": 5.0}},
                     "flink": {"e2e_ms": {"p50": 14.0}},
                     "per_round": {"even": [{"e2e_ms_p50": 21.0}, {"e2e_ms_p50": 25.0},
@@ -112,6 +126,11 @@ def test_an_experiment_without_figures_or_a_failing_run_is_an_error(tmp_path):
     subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
                     "commit", "-qm", "x"], check=True)
-    with pytest.raises(RuntimeError, match="exited with 3"):
+    with pytest.raises(RuntimeError, match="exited with 3") as e:
         main(["--repo", str(repo), "--base", "HEAD", "--rounds", "1",
               "--out", str(tmp_path / "out"), "--", "spark_throughput"])
+    log = Path(str(e.value).split("(log ")[1].split(")")[0])
+    assert log.exists()  # kept for a look; the worktrees are not
+    shutil.rmtree(log.parent)
+    assert len(subprocess.run(["git", "-C", str(repo), "worktree", "list"], check=True,
+                              capture_output=True, text=True).stdout.strip().splitlines()) == 1
