@@ -5,25 +5,30 @@ A figure taken from an earlier run's JSON says little on a machine whose speed d
 quarter and more between minutes (the native aggregation's own speed varied 4x in one day
 here). So each round runs the experiment once from each revision, one right after the other,
 their order reversed every other round (:mod:`experiments.paired_rounds`); a figure's ratio is
-the median of the rounds' paired ratios, oriented so that above 1 means ``head`` is better,
-and a figure whose median is below ``1 - tolerance`` is marked worse. Each revision runs from
-a git worktree of its own (``git worktree add --detach``), its packages first on
-``PYTHONPATH`` (the Ray cluster and Spark the experiment starts inherit it), with this
-interpreter, so both revisions see the same installed dependencies. Pick arguments both
-revisions' experiment takes, and one experiment at a time on the machine.
+the median of the rounds' paired ratios (an odd number of rounds), oriented so that above 1
+means ``head`` is better. A figure is worse when that median is below ``1 - tolerance``, when
+``head`` gave no number for it in a round, or when ``head``'s runs lack it altogether (a
+system dropped, renamed or broken). Peer systems' figures are controls: never worse, their
+spread is the noise floor. Each revision runs from a git worktree of its own
+(``git worktree add --detach``: committed code only), its packages first on ``PYTHONPATH``
+(the Ray cluster and Spark the experiment starts inherit it), with this interpreter, so both
+revisions see the same installed dependencies. Pick arguments both revisions' experiment
+takes (absolute paths: each run starts in its worktree), and one experiment at a time on
+the machine.
 
 Figures are read from each run's ``<module>.json`` by :data:`FIGURES` (the rows of
-``spark_throughput``, the checkpoint latencies of ``vs_flink``); another experiment needs an
-entry there. A figure only one revision's run has (a system it does not know) is listed
-apart, not compared.
+``spark_throughput`` the run measured, the checkpoint latencies of ``vs_flink``); another
+experiment needs an entry there.
 
 Run: python -m experiments.ab --base REV [--head REV] [--rounds 3] [--tolerance 0.1]
-[--timeout S] -- MODULE [ARGS...] (writes ab_MODULE.json and .png under --out)
+[--timeout S] [--out DIR] -- MODULE [ARGS...] (writes ab_MODULE.json and .png)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -34,12 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common import parser, plt, run_in_group, write_results
+from .common import RESULTS, plt, run_in_group, write_results
 from .paired_rounds import median_ratio, round_order
 
 REPO = Path(__file__).resolve().parent.parent
-# a figure no change of this repository moves (a peer system's, run by the same experiment):
-# its ratio between the paired runs is the machine's drift, the noise floor of the others'
+# a peer system's figure, run by the same experiment: its ratio between the paired runs is
+# mostly the machine's drift, the noise floor of the others' (mostly: it runs through this
+# repository's harness, e.g. spark_glue.start_spark, so a change there can move it too)
 CONTROL = " (control)"
 
 
@@ -52,12 +58,13 @@ class Figure:
 
 
 def spark_throughput_figures(doc: dict[str, Any]) -> dict[str, Figure]:
-    """Events/s of every system and size (each row: the system's median round); Spark's own
+    """Events/s of every system and size the run measured (each row: the system's median
+    round; a row kept from an earlier run, ``from_run``, is not this run's); Spark's own
     systems are controls."""
     return {f"{r['system']} @ {r['events_per_batch']}/{r['keys']} events/s"
             f"{CONTROL if r['system'].startswith('Spark ') else ''}":
-            Figure(float(r["events_per_s"]), True) for r in doc.get("rows", [])
-            if r.get("events_per_s")}
+            Figure(float(r.get("events_per_s") or math.nan), True)
+            for r in doc.get("rows", []) if "from_run" not in r}
 
 
 def vs_flink_figures(doc: dict[str, Any]) -> dict[str, Figure]:
@@ -93,38 +100,49 @@ FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, Figure]]] = {
 
 def compare(base: dict[int, dict[str, Figure]], head: dict[int, dict[str, Figure]],
             tolerance: float) -> dict[str, Any]:
-    """Every figure both revisions measured in some round: the median of its paired ratios
-    (``head`` over ``base`` when higher is better, ``base`` over ``head`` when lower is), each
-    round's, and whether it is worse by more than ``tolerance``; the figures only one
-    revision had; the figures worse but for the controls, and the controls' largest
-    distance from 1 (``control_drift``: a figure that moved less than it may not have moved
-    at all)."""
+    """Every figure both revisions measured: the median of its paired ratios (``head`` over
+    ``base`` when higher is better, ``base`` over ``head`` when lower is; an odd number of
+    rounds, or the lower middle is taken), each round's, and whether it is worse: by more
+    than ``tolerance``, or ``head`` gave no number (NaN, infinite) in a round, or no round
+    has both. A figure ``base`` has and ``head`` never gave (a system it dropped, renamed
+    or broke) is worse too (``missing_in_head``); one only ``head`` has is apart
+    (``only_in_head``). Controls (:data:`CONTROL`) are never worse: their largest distance
+    from 1 is ``control_drift`` (a figure that moved less may not have moved at all), and
+    those past the tolerance are ``controls_moved``."""
     names = {n for runs in (base, head) for figs in runs.values() for n in figs}
-    rows, apart = [], []
+    rows, missing, new = [], [], []
     for name in sorted(names):
         b = {i: f[name] for i, f in base.items() if name in f}
         h = {i: f[name] for i, f in head.items() if name in f}
-        higher = next(iter({**b, **h}.values())).higher_is_better
-        up, down = (h, b) if higher else (b, h)
-        got = median_ratio({i: f.value for i, f in up.items()},
-                           {i: f.value for i, f in down.items()})
-        if got is None:
-            apart.append(name)
+        if not h or not b:
+            (missing if b else new).append(name)
             continue
-        rows.append({"figure": name, "higher_is_better": higher, "ratio": got["median"],
-                     "per_round": got["per_round"], "worse": got["median"] < 1 - tolerance,
+        higher = next(iter(b.values())).higher_is_better
+        failed = sorted(i for i, f in h.items() if not math.isfinite(f.value))
+        bv = {i: f.value for i, f in b.items() if math.isfinite(f.value)}
+        hv = {i: f.value for i, f in h.items() if math.isfinite(f.value)}
+        got = median_ratio(hv, bv) if higher else median_ratio(bv, hv)
+        ratio = got["median"] if got is not None else math.nan
+        rows.append({"figure": name, "higher_is_better": higher, "ratio": ratio,
+                     "per_round": got["per_round"] if got is not None else [],
+                     "worse": bool(failed) or got is None or ratio < 1 - tolerance,
+                     "head_failed_rounds": failed,
                      "base": [b[i].value for i in sorted(b)],
                      "head": [h[i].value for i in sorted(h)]})
-    drift = [abs(1 - r["ratio"]) for r in rows if r["figure"].endswith(CONTROL)]
-    return {"figures": rows, "only_one_revision": apart,
-            "worse": [r["figure"] for r in rows if r["worse"]
-                      and not r["figure"].endswith(CONTROL)],
-            "control_drift": max(drift) if drift else None}
+    controls = [r for r in rows if r["figure"].endswith(CONTROL)]
+    drift = [abs(1 - r["ratio"]) for r in controls if math.isfinite(r["ratio"])]
+    return {"figures": rows, "missing_in_head": missing, "only_in_head": new,
+            "worse": [r["figure"] for r in rows if r["worse"] and r not in controls]
+            + [n for n in missing if not n.endswith(CONTROL)],
+            "control_drift": max(drift) if drift else None,
+            "controls_moved": [r["figure"] for r in controls if r["worse"]]}
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    got = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if got.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} in {repo} failed: {got.stderr.strip()}")
+    return got.stdout.strip()
 
 
 def run_once(tree: Path, module: str, args: Sequence[str], out: Path, log: Path,
@@ -157,17 +175,38 @@ def plot(result: dict[str, Any], title: str) -> Any:
     return fig
 
 
+def figures_of(module: str, doc: dict[str, Any], side: str, i: int) -> dict[str, Figure]:
+    try:
+        return FIGURES[module](doc)
+    except (KeyError, TypeError, ValueError) as e:
+        raise RuntimeError(f"the JSON of {side}'s run {i} of experiments.{module} is not "
+                           f"what experiments.ab.FIGURES reads ({type(e).__name__}: {e})"
+                           ) from e
+
+
+def remove_worktrees(repo: Path, trees: Sequence[Path]) -> None:
+    for tree in trees:
+        got = subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force",
+                              str(tree)], capture_output=True, text=True)
+        if got.returncode != 0:
+            print(f"[ab] worktree {tree} not removed: {got.stderr.strip()}", file=sys.stderr,
+                  flush=True)
+    subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])
-    p = parser(__doc__)
+    p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--base", required=True, help="the revision to compare against")
-    p.add_argument("--head", default="HEAD", help="the revision under test")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--head", default="HEAD",
+                   help="the revision under test (a commit: uncommitted changes are not in it)")
+    p.add_argument("--rounds", type=int, default=3, help="an odd number of paired rounds")
     p.add_argument("--tolerance", type=float, default=0.1,
                    help="a figure is worse when its median ratio is below 1 - this")
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds per run")
+    p.add_argument("--out", default=RESULTS, help="directory for ab_MODULE.json and .png")
     p.add_argument("--repo", default=str(REPO), help="the git repository (this one)")
     args = p.parse_args(ours)
     if not rest:
@@ -176,31 +215,34 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if module not in FIGURES:
         p.error(f"no figures are defined for experiment {module!r} (experiments.ab.FIGURES "
                 f"has {sorted(FIGURES)})")
-    if args.rounds < 1:
-        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    if any(a == "--out" or a.startswith("--out=") for a in margs):
+        p.error("--out goes before --: each run's output directory is ab's to choose")
+    if args.rounds < 1 or args.rounds % 2 == 0:
+        p.error(f"--rounds must be odd (a median of paired rounds), got {args.rounds}")
     repo = Path(args.repo)
     revs = {"base": git(repo, "rev-parse", "--verify", f"{args.base}^{{commit}}"),
             "head": git(repo, "rev-parse", "--verify", f"{args.head}^{{commit}}")}
+    if args.head == "HEAD" and git(repo, "status", "--porcelain", "--untracked-files=no"):
+        print("[ab] the working tree has uncommitted changes: head is the last commit, "
+              "without them", file=sys.stderr, flush=True)
     work = Path(tempfile.mkdtemp(prefix="dstl-ab-"))
-    trees = {}
+    trees: list[Path] = []
     runs: dict[str, dict[int, dict[str, Figure]]] = {"base": {}, "head": {}}
     done = False
     try:
         for side, rev in revs.items():
-            trees[side] = work / side
-            git(repo, "worktree", "add", "--detach", str(trees[side]), rev)
+            trees.append(work / side)
+            git(repo, "worktree", "add", "--detach", str(work / side), rev)
         for i in range(args.rounds):
             for side in round_order(["base", "head"], i):
                 out = work / f"{side}-{i}"
                 print(f"[ab] round {i}: {side} ({revs[side][:10]})", flush=True)
-                doc = run_once(trees[side], module, margs, out, work / f"{side}-{i}.log",
+                doc = run_once(work / side, module, margs, out, work / f"{side}-{i}.log",
                                args.timeout)
-                runs[side][i] = FIGURES[module](doc)
+                runs[side][i] = figures_of(module, doc, side, i)
         done = True
     finally:
-        for tree in trees.values():
-            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force",
-                            str(tree)], capture_output=True)
+        remove_worktrees(repo, trees)
         if done:
             shutil.rmtree(work, ignore_errors=True)
         else:  # the runs' logs and JSON stay for a look
@@ -210,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"[ab] {r['figure']}: {r['ratio']:.2f}x "
               f"({', '.join(f'{x:.2f}' for x in r['per_round'])})"
               f"{'  WORSE' if r['figure'] in result['worse'] else ''}", flush=True)
+    for name in result["missing_in_head"]:
+        print(f"[ab] {name}: base has it, head gave none", flush=True)
     if result["control_drift"] is not None:
         print(f"[ab] the controls moved by up to {result['control_drift']:.0%}", flush=True)
     data = {"command": " ".join(["python -m experiments.ab", *argv]), "revisions": revs,

@@ -24,13 +24,15 @@ def run_in_group(cmd: list[str], log: str, timeout_s: float, env: dict[str, str]
     with open(log, "wb") as logf:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=logf, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        rc: int | None = None
         try:
-            rc: int | None = proc.wait(timeout=timeout_s)
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            rc = None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            pass
+        finally:  # (an interrupt too: the group is in a session of its own, no SIGINT)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return rc
 
 

@@ -4,6 +4,7 @@ oriented so above 1 is better for head, a figure worse by more than the toleranc
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,8 +28,8 @@ def test_ratios_are_oriented_by_which_way_is_better():
     # lower is better: base over head, so a faster head is above 1
     assert rows["ms"]["per_round"] == pytest.approx([10 / 9, 1.2, 1.0])
     assert rows["ms"]["ratio"] == pytest.approx(10 / 9) and not rows["ms"]["worse"]
-    assert got["only_one_revision"] == ["new"] and got["worse"] == []
-    assert got["control_drift"] is None
+    assert got["only_in_head"] == ["new"] and got["worse"] == []
+    assert got["missing_in_head"] == [] and got["control_drift"] is None
     tight = compare(base, head, tolerance=0.05)
     assert tight["worse"] == ["eps"]
 
@@ -42,6 +43,25 @@ def test_a_control_is_never_worse_and_gives_the_drift():
     assert got["control_drift"] == pytest.approx(0.25)
 
 
+def test_no_number_from_head_or_a_figure_head_lacks_is_worse():
+    nan = float("nan")
+    base = {i: {"eps": Figure(100, True), "ms": Figure(10, False), "gone": Figure(5, True),
+                "peer (control)": Figure(1, True)} for i in range(3)}
+    head = {0: {"eps": Figure(120, True), "ms": Figure(nan, False)},
+            1: {"eps": Figure(nan, True), "ms": Figure(9, False)},
+            2: {"eps": Figure(130, True), "ms": Figure(9, False)}}
+    got = compare(base, head, 0.1)
+    rows = {r["figure"]: r for r in got["figures"]}
+    # the rounds that have a number still pair; the round without one makes it worse
+    assert rows["eps"]["per_round"] == pytest.approx([1.2, 1.3])
+    assert rows["eps"]["head_failed_rounds"] == [1] and rows["eps"]["worse"]
+    assert rows["ms"]["head_failed_rounds"] == [0] and rows["ms"]["worse"]
+    assert got["missing_in_head"] == ["gone", "peer (control)"]
+    assert got["worse"] == ["eps", "ms", "gone"]  # a control never is
+    only_nan = compare({0: {"x": Figure(1, True)}}, {0: {"x": Figure(nan, True)}}, 0.1)
+    assert only_nan["worse"] == ["x"] and only_nan["figures"][0]["per_round"] == []
+
+
 def test_a_round_that_measured_one_side_only_is_not_paired():
     base = {0: {"x": Figure(100, True)}, 1: {"x": Figure(100, True)}}
     head = {1: {"x": Figure(50, True)}}
@@ -52,12 +72,16 @@ def test_a_round_that_measured_one_side_only_is_not_paired():
 def test_figures_of_the_experiments_json():
     tp = {"rows": [{"system": "Spark groupBy().agg()", "events_per_batch": 10000, "keys": 1000,
                     "events_per_s": 5000.0},
-                   {"system": "x", "events_per_batch": 1, "keys": 1, "events_per_s": 0}]}
+                   {"system": "kept", "events_per_batch": 1, "keys": 1, "events_per_s": 9.0,
+                    "from_run": "2026-11-24 05:33:25"}]}
     tp["rows"].append({"system": "dstl-ray vectorized", "events_per_batch": 10000,
                        "keys": 1000, "events_per_s": 6000.0})
-    assert spark_throughput_figures(tp) == {
+    assert spark_throughput_figures(tp) == {  # not the row kept from an earlier run
         "Spark groupBy().agg() @ 10000/1000 events/s (control)": Figure(5000.0, True),
         "dstl-ray vectorized @ 10000/1000 events/s": Figure(6000.0, True)}
+    no_number = spark_throughput_figures({"rows": [{"system": "s", "events_per_batch": 1,
+                                                     "keys": 1, "events_per_s": None}]})
+    assert math.isnan(no_number["s @ 1/1 events/s"].value)
     vf = {"runs": [{"nodes": 2, "dstl_ray": {"e2e_ms": {"p50": 9.0}, "ack_ms": {"p50": 5.0}},
                     "flink": {"e2e_ms": {"p50": 14.0}},
                     "per_round": {"even": [{"e2e_ms_p50": 21.0}, {"e2e_ms_p50": 25.0},
@@ -69,38 +93,47 @@ def test_figures_of_the_experiments_json():
         "Flink e2e_ms p50 @ 2 nodes (control)": Figure(14.0, False)}
 
 
-TOY = '''"""A stand-in spark_throughput: writes the rows it is given, counting its runs."""
-import json, sys
+TOY = '''"""A stand-in spark_throughput: rows from its own revision's dstl_ray package."""
+import json, os, sys
 from pathlib import Path
+from dstl_ray.marker import ROWS, NAME
+assert sys.argv[1:3] == ["--events", "10"], sys.argv
 out = Path(sys.argv[sys.argv.index("--out") + 1])
 out.mkdir(parents=True, exist_ok=True)
-runs = Path(__file__).with_name("runs.txt")
-runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
-rows = [{{"system": s, "events_per_batch": 10, "keys": 1, "events_per_s": v}}
-        for s, v in {rows!r}.items()]
-(out / "spark_throughput.json").write_text(json.dumps({{"rows": rows, "argv": sys.argv[1:]}}))
+with open(os.environ["AB_TOY_LOG"], "a") as f:
+    f.write(NAME + "\\n")
+rows = [{"system": s, "events_per_batch": 10, "keys": 1, "events_per_s": v}
+        for s, v in ROWS.items()]
+(out / "spark_throughput.json").write_text(json.dumps({"rows": rows}))
 '''
 
 
-def _commit(repo: Path, rows: dict[str, float], message: str) -> str:
-    (repo / "experiments" / "spark_throughput.py").write_text(TOY.format(rows=rows))
+def _commit(repo: Path, rows: dict[str, float], name: str) -> str:
+    (repo / "experiments" / "spark_throughput.py").write_text(TOY)
+    (repo / "dstl_ray" / "marker.py").write_text(f"ROWS = {rows!r}\nNAME = {name!r}\n")
     subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
     subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
-                    "commit", "-qm", message], check=True)
+                    "commit", "-qm", name], check=True)
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True,
                           capture_output=True, text=True).stdout.strip()
 
 
-def test_two_revisions_of_a_repository_run_in_worktrees_and_a_slower_one_is_marked(tmp_path):
+def test_two_revisions_of_a_repository_run_in_worktrees_and_a_slower_one_is_marked(
+        tmp_path, monkeypatch):
     repo = tmp_path / "repo"
-    (repo / "experiments").mkdir(parents=True)
-    (repo / "experiments" / "__init__.py").write_text("")
+    for pkg in ("experiments", "dstl_ray"):  # (this project's dstl_ray has no marker)
+        (repo / pkg).mkdir(parents=True)
+        (repo / pkg / "__init__.py").write_text("")
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     old = _commit(repo, {"slower": 1000.0, "faster": 500.0}, "base")
     new = _commit(repo, {"slower": 800.0, "faster": 600.0}, "head")
+    log = tmp_path / "runs.log"
+    monkeypatch.setenv("AB_TOY_LOG", str(log))
     out = tmp_path / "out"
-    data = main(["--repo", str(repo), "--base", old[:8], "--rounds", "2", "--out", str(out),
+    data = main(["--repo", str(repo), "--base", old[:8], "--rounds", "3", "--out", str(out),
                  "--", "spark_throughput", "--events", "10"])
+    # each revision's own packages, in alternating order
+    assert log.read_text().split() == ["base", "head", "head", "base", "base", "head"]
     assert data["revisions"] == {"base": old, "head": new}
     rows = {r["figure"]: r for r in data["figures"]}
     assert rows["slower @ 10/1 events/s"]["ratio"] == pytest.approx(0.8)
@@ -108,16 +141,22 @@ def test_two_revisions_of_a_repository_run_in_worktrees_and_a_slower_one_is_mark
     assert data["worse"] == ["slower @ 10/1 events/s"]
     written = json.loads((out / "ab_spark_throughput.json").read_text())
     assert written["worse"] == data["worse"] and (out / "ab_spark_throughput.png").exists()
-    # the worktrees are gone, and the runs wrote into them, not into the repository
+    # the worktrees are gone
     trees = subprocess.run(["git", "-C", str(repo), "worktree", "list"], check=True,
                            capture_output=True, text=True).stdout.strip().splitlines()
     assert len(trees) == 1
-    assert not (repo / "experiments" / "runs.txt").exists()
 
 
-def test_an_experiment_without_figures_or_a_failing_run_is_an_error(tmp_path):
-    with pytest.raises(SystemExit):
-        main(["--base", "HEAD", "--", "no_such_experiment"])
+def test_an_experiment_without_figures_or_a_failing_run_is_an_error(tmp_path, capsys):
+    for bad, says in ((["--", "no_such_experiment"], "no figures are defined"),
+                      (["--rounds", "2", "--", "spark_throughput"], "--rounds must be odd"),
+                      (["--", "spark_throughput", "--out", "x"], "--out goes before --")):
+        with pytest.raises(SystemExit):
+            main(["--base", "HEAD", *bad])
+        assert says in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="no-such-revision"):
+        main(["--base", "no-such-revision", "--out", str(tmp_path / "o"), "--",
+              "spark_throughput"])
     repo = tmp_path / "repo"
     (repo / "experiments").mkdir(parents=True)
     (repo / "experiments" / "__init__.py").write_text("")
