@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,15 +36,18 @@ def needs_unnamed(tmp_path: Path) -> None:
 @pytest.fixture
 def fsync_listings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[str]]:
     """What the directory ``tmp_path/d`` (made first: a new directory's parent is fsynced
-    too) held at each fsync (the moments a temp file of a temp + fsync + rename write
-    exists)."""
+    too) held at each fsync of the test's thread (the moments a temp file of a temp +
+    fsync + rename write exists; a thread an earlier test of this worker process left
+    running may fsync meanwhile: a run of make test once recorded two such entries)."""
     (tmp_path / "d").mkdir()
     seen: list[list[str]] = []
     real = os.fsync
+    mine = threading.get_ident()
 
     def fsync(fd: int) -> None:
-        d = tmp_path / "d"
-        seen.append(sorted(os.listdir(d)) if d.exists() else [])
+        if threading.get_ident() == mine:
+            d = tmp_path / "d"
+            seen.append(sorted(os.listdir(d)) if d.exists() else [])
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
