@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import RESULTS, plt, run_in_group, write_results
-from .paired_rounds import median_ratio, round_order
+from .paired_rounds import median_item, median_ratio, round_order
 
 REPO = Path(__file__).resolve().parent.parent
 # a peer system's figure, run by the same experiment: its ratio between the paired runs is
@@ -79,10 +79,10 @@ def vs_flink_figures(doc: dict[str, Any]) -> dict[str, Figure]:
         for name in ("e2e_ms", "ack_ms"):
             if isinstance(ours.get(name), dict):
                 out[f"dstl-ray {name} p50 @ {n} nodes"] = Figure(float(ours[name]["p50"]), False)
-        even = sorted(x["e2e_ms_p50"] for x in (run.get("per_round") or {}).get("even", [])
-                      if x.get("e2e_ms_p50") is not None)
+        even = [x["e2e_ms_p50"] for x in (run.get("per_round") or {}).get("even", [])
+                if x.get("e2e_ms_p50") is not None]
         if even:
-            out[f"dstl-ray even e2e_ms p50 @ {n} nodes"] = Figure(even[(len(even) - 1) // 2],
+            out[f"dstl-ray even e2e_ms p50 @ {n} nodes"] = Figure(median_item(even, float),
                                                                    False)
         flink = run.get("flink") or {}
         if isinstance(flink.get("e2e_ms"), dict):
@@ -132,7 +132,8 @@ def compare(base: dict[int, dict[str, Figure]], head: dict[int, dict[str, Figure
     controls = [r for r in rows if r["figure"].endswith(CONTROL)]
     drift = [abs(1 - r["ratio"]) for r in controls if math.isfinite(r["ratio"])]
     return {"figures": rows, "missing_in_head": missing, "only_in_head": new,
-            "worse": [r["figure"] for r in rows if r["worse"] and r not in controls]
+            "worse": [r["figure"] for r in rows
+                      if r["worse"] and not r["figure"].endswith(CONTROL)]
             + [n for n in missing if not n.endswith(CONTROL)],
             "control_drift": max(drift) if drift else None,
             "controls_moved": [r["figure"] for r in controls if r["worse"]]}
