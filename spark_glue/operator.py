@@ -42,18 +42,19 @@ from dstl_ray.state.table import STATE_BACKENDS
 from dstl_ray.state.ttl import StateTtlConfig
 
 from .combine import Combine, check_combine
+from .data_path import DataPath
 from .initial import InitialState
 from .initial_frame import InitialFrame, is_frame
+from .job_key_hash import JobKeyHash
 from .placement import Placement
 from .progress import ProgressMetrics
 from .replay import ON_MISSING_STATE, is_replay, missing_state, snapshot_time
-from .route_plan import RoutePlan, route
 from .sinks import Outputs, Sink
 from .state_shapes import check_against, drop_spec, schema_spec
 from .stats import BatchHistory, BatchStats
 from .ticks import drop_ticks
 from .timers import TIMERS_STATE
-from .worker import TaskSpec, UpdateFn, run_partition
+from .worker import TaskSpec, UpdateFn
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class KeyedStatefulOperator:
                  timer_sink: Sink | None = None,
                  state_schema: Mapping[str, Any] | None = None,
                  drop_state: Sequence[str] | None = None,
-                 combine: Combine | None = None) -> None:
+                 combine: Combine | None = None, key_hash: str = "auto") -> None:
         from dstl_ray.config import ChangelogConfig
         from dstl_ray.log.client import StateChangelogClient
 
@@ -181,6 +182,7 @@ class KeyedStatefulOperator:
             raise ConfigError(f"allowed_delay must be seconds >= 0, got {allowed_delay!r}")
         self.on_timer, self.event_time = on_timer, event_time
         self.combine = check_combine(combine, key, event_time)  # (spark_glue.combine)
+        self.key_hash = JobKeyHash(job_id, key, key_hash)  # (spark_glue.job_key_hash)
         if on_missing_state not in ON_MISSING_STATE:
             raise ConfigError(f"on_missing_state must be one of "
                               f"{', '.join(ON_MISSING_STATE)}, got {on_missing_state!r}")
@@ -201,7 +203,7 @@ class KeyedStatefulOperator:
         self._parallelism = parallelism
         # keep each subtask on its executor (spark_glue.placement)
         self._placement = Placement(sticky)
-        self._route_plan = RoutePlan()  # the routing's JVM objects, as well
+        self._path = DataPath(key, self.combine)  # the routing's JVM objects, as well
         self._client = StateChangelogClient(job_id, namespace=self.namespace)
         import ray
 
@@ -326,6 +328,7 @@ class KeyedStatefulOperator:
             latest = cc.latest_checkpoint()
         point = cc.restore_point.current() if latest is None else None  # initial_state
         load = self._initial is not None and latest is None and point is None
+        cc.key_hash = self.key_hash.of(df, latest, point)
         spec = TaskSpec(self.job_id, self.operator_id, self.namespace, self.gcs_address, p,
                         self.max_parallelism, self.materialization_interval, self.update,
                         batch_id, self.epoch, latest.checkpoint_id if latest else -1,
@@ -341,7 +344,8 @@ class KeyedStatefulOperator:
                         now_ms=now_ms, attempts=self._attempts,
                         initial=point is not None, timer_outputs_apart=self.outputs.apart,
                         state_schema=self.state_schema, drop_state=self.drop_state,
-                        initial_columns=self._initial.states if load else ())  # type: ignore
+                        initial_columns=self._initial.states if load else (),  # type: ignore
+                        key_hash=cc.key_hash)
         try:
             cc.begin_checkpoint(batch_id)  # its chk-n made while the tasks run
             results = self._run(df, spec)
@@ -371,22 +375,9 @@ class KeyedStatefulOperator:
         return stats
 
     def _run(self, df: Any, spec: TaskSpec) -> list[dict[str, Any]]:
-        def task(index: int, payloads: Any) -> Any:
-            return run_partition(spec, index, payloads)
-
         p = spec.parallelism
-        routed = route(drop_ticks(df), self.key, spec.max_parallelism, p, self.combine,
-                       self._initial.df if spec.initial_columns else None,
-                       self._route_plan).rdd  # type: ignore
-        if routed.getNumPartitions() != p:
-            # Spark's adaptive execution gives an empty shuffle no partitions: an empty
-            # micro-batch still checkpoints every subtask
-            if not routed.isEmpty():
-                raise RuntimeError(f"batch {spec.batch_id}: Spark gave the routed rows "
-                                   f"{routed.getNumPartitions()} partitions, not {p}")
-            routed = routed.context.parallelize([], p)
-        # one result per partition, each subtask on its executor if sticky
-        results = self._placement.collect(routed.mapPartitionsWithIndex(task), p)
+        results = self._path.run(drop_ticks(df), spec, self._placement,
+                                 self._initial.df if spec.initial_columns else None)
         got = sorted(r["index"] for r in results)
         if got != list(range(p)):
             raise RuntimeError(f"batch {spec.batch_id}: expected one result per subtask "

@@ -96,6 +96,21 @@ class Placement:
         mine = per_subtask._reserialize(BatchedSerializer(CPickleSerializer(), 1))
         return [r for r, _i in mine.zip(self.pinned(sc, placement, hosts, n)).collect()]
 
+    def collect_java(self, sc: Any, jrdd: Any, n: int) -> list[Any]:
+        """:meth:`collect` of a JVM RDD of pickled rows (``DataFrame.javaToPython``) with
+        ``n`` partitions, one row each: the rows, in partition order."""
+        from pyspark.rdd import _load_from_socket
+        from pyspark.serializers import BatchedSerializer, CPickleSerializer, PairDeserializer
+
+        rows = BatchedSerializer(CPickleSerializer())
+        hosts = self._live_hosts(sc) if self.sticky else {}
+        if not hosts:
+            return list(_load_from_socket(sc._jvm.PythonRDD.collectAndServe(jrdd.rdd()), rows))
+        pinned = self.pinned(sc, plan(n, self.previous, hosts), hosts, n)
+        sock = sc._jvm.PythonRDD.collectAndServe(jrdd.zip(pinned._jrdd).rdd())
+        pairs = PairDeserializer(rows, BatchedSerializer(CPickleSerializer(), 1))
+        return [r for r, _i in _load_from_socket(sock, pairs)]
+
     def remember(self, executors: dict[int, str]) -> None:
         """Where each subtask ran in the batch just done (its executor id)."""
         self.previous = executors

@@ -69,7 +69,8 @@ class RoutePlan:
         return DataFrame(jdf, df.sparkSession), [key, *(name for name, _ in items)]
 
     def apply(self, df: Any, columns: Sequence[str], key: str, max_parallelism: int,
-              parallelism: int, combine: Callable[[Any], Any] | None) -> Any:
+              parallelism: int, combine: Callable[[Any], Any] | None,
+              key_hash: str = "blake2b") -> Any:
         """``df.mapInArrow(splitter(...), routed_schema())`` (``columns``: ``df``'s), with
         the UDF and its call made once."""
         from pyspark.rdd import PythonEvalType
@@ -81,13 +82,13 @@ class RoutePlan:
         self._context(sc)
         # the combiner by identity (it need not be hashable; the entry holds it, so its id
         # is not reused), and the files added with addPyFile, which the UDF ships
-        params = (key, max_parallelism, parallelism, id(combine),
+        params = (key, max_parallelism, parallelism, id(combine), key_hash,
                   tuple(getattr(sc, "_python_includes", None) or ()))
         got = self._udfs.get(params)
         if got is None:
             got = self._udfs[params] = combine, pandas_udf(  # type: ignore[call-overload]
                 splitter(key, max_parallelism, parallelism, route_values(parallelism),
-                         combine),
+                         combine, key_hash),
                 returnType=routed_schema(),
                 functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF), {}
         names = tuple(columns)
@@ -110,12 +111,12 @@ class RoutePlan:
 
 def route(df: Any, key: str, max_parallelism: int, parallelism: int,
           combine: Combine | None = None, extra: Any = None,
-          plan: RoutePlan | None = None) -> Any:
+          plan: RoutePlan | None = None, key_hash: str = "blake2b") -> Any:
     """Steps 1 and 2: ``df``'s rows as Arrow payloads, partition ``i`` holding subtask
     ``i``'s; ``df``'s rows through ``combine`` first (if given: a function per input
     partition, a mapping in the JVM, :mod:`spark_glue.combine`), and ``extra``'s rows routed
     alongside, uncombined (the initial state's, spark_glue.initial_frame).
-    ``plan``: the operator's (a new one otherwise)."""
+    ``plan``: the operator's (a new one otherwise); ``key_hash``: the job's, by name."""
     columns = df.columns
     if key not in columns:
         from dstl_ray.errors import ConfigError
@@ -126,8 +127,8 @@ def route(df: Any, key: str, max_parallelism: int, parallelism: int,
     if isinstance(combine, Mapping):  # in the JVM: no function left for the map side
         df, columns = plan.aggregate(df, key, combine)
         combine = None
-    payloads = plan.apply(df, columns, key, max_parallelism, parallelism, combine)
+    payloads = plan.apply(df, columns, key, max_parallelism, parallelism, combine, key_hash)
     if extra is not None:
         payloads = payloads.union(plan.apply(extra, extra.columns, key, max_parallelism,
-                                             parallelism, None))
+                                             parallelism, None, key_hash))
     return plan.by_route(payloads, parallelism)

@@ -85,11 +85,14 @@ def routed_schema() -> Any:
                        StructField(PAYLOAD, BinaryType(), False)])
 
 
-def subtask_of(key: Any, max_parallelism: int, parallelism: int) -> int:
-    """Flink's operator index for the key's key group (the inverse of the range split)."""
-    from dstl_ray.keygroups import assign_key_group
+def subtask_of(key: Any, max_parallelism: int, parallelism: int,
+               key_hash: str = "blake2b") -> int:
+    """Flink's operator index for the key's key group (the inverse of the range split),
+    under the job's key hash (its name, dstl_ray.key_hashes)."""
+    from dstl_ray.key_hashes import key_hash_named
 
-    return assign_key_group(key, max_parallelism) * parallelism // max_parallelism
+    kg = key_hash_named(key_hash).key_group(key, max_parallelism)
+    return kg * parallelism // max_parallelism
 
 
 def _encoded(values: Any) -> tuple[list[Any], Any]:
@@ -112,16 +115,18 @@ def _grouped(codes: Any, n: int) -> tuple[Any, Any]:
     return np.argsort(codes, kind="stable"), np.bincount(codes, minlength=n)
 
 
-def subtasks_of(keys: Any, max_parallelism: int, parallelism: int) -> Any:
+def subtasks_of(keys: Any, max_parallelism: int, parallelism: int,
+                key_hash: str = "blake2b") -> Any:
     """The subtask of every key of an Arrow array (numpy int32), each distinct key's group
-    found once (:func:`subtask_of`, a column at a time), and in this worker's
-    :class:`~dstl_ray.keygroups.KeyGroupCache` when an earlier batch had the key."""
+    found once (:func:`subtask_of`, a column at a time; with blake2b, in this worker's
+    :class:`~dstl_ray.keygroups.KeyGroupCache` when an earlier batch had the key)."""
     import numpy as np
 
-    from dstl_ray.keygroups import KeyGroupCache
+    from dstl_ray.key_hashes import key_hash_named
 
     distinct, codes = _encoded(keys)
-    groups = np.array(KeyGroupCache.of(max_parallelism).key_groups(distinct), dtype=np.int64)
+    groups = np.array(key_hash_named(key_hash).key_groups(distinct, max_parallelism),
+                      dtype=np.int64)
     per_key = (groups * parallelism // max_parallelism).astype(np.int32)
     return per_key[codes]
 
@@ -176,8 +181,9 @@ def combined(batches: Iterable[Any], combine: Callable[[Any], Any], key: str
 
 
 def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[int],
-             combine: Callable[[Any], Any] | None = None) -> Any:
-    """The ``mapInArrow`` function of step 1 (a closure shipped to the executors)."""
+             combine: Callable[[Any], Any] | None = None, key_hash: str = "blake2b") -> Any:
+    """The ``mapInArrow`` function of step 1 (a closure shipped to the executors), keys
+    grouped by ``key_hash`` (the job's, by name: dstl_ray.key_hashes)."""
     routes = tuple(routes)
 
     def split(batches: Iterable[Any]) -> Iterator[Any]:
@@ -189,7 +195,8 @@ def splitter(key: str, max_parallelism: int, parallelism: int, routes: Sequence[
         if combine is not None:
             batches = combined(batches, combine, key)
         for b in chunks(batches):
-            order, counts = _grouped(subtasks_of(b.column(key), max_parallelism, parallelism),
+            order, counts = _grouped(subtasks_of(b.column(key), max_parallelism, parallelism,
+                                                 key_hash),
                                      parallelism)
             ordered = b.take(pa.array(order))
             rs, ss, ps = [], [], []

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dstl_ray.checkpoint.recovery import assign_sources, load_checkpoint
+from dstl_ray.checkpoint.recovery import assign_sources, check_key_hash, load_checkpoint
+from dstl_ray.key_hashes import key_hash_named
 from dstl_ray.keygroups import key_group_range_for_subtask
 from dstl_ray.state.backend import ChangelogKeyedStateBackend
 from dstl_ray.state.ttl import StateTtlConfig
@@ -100,6 +101,9 @@ class TaskSpec:
     # the batch carries the operator's initial_state DataFrame: (state, column) to load
     # from its rows first (spark_glue.initial_frame)
     initial_columns: tuple[tuple[str, str], ...] = ()
+    # how the job's keys become key groups (dstl_ray.key_hashes), the name its checkpoints
+    # record
+    key_hash: str = "blake2b"
 
 
 @dataclass
@@ -172,8 +176,10 @@ def _restore(spec: TaskSpec, index: int, client: Any) -> ChangelogKeyedStateBack
     sources = []
     if spec.restore_url is not None:
         cc = load_checkpoint(spec.restore_url)
+        check_key_hash(cc, spec.key_hash)
         sources = assign_sources(cc, spec.operator_id, spec.parallelism)[index]
     backend = ChangelogKeyedStateBackend(client, spec.operator_id, kgr, spec.max_parallelism,
+                                         key_hash=key_hash_named(spec.key_hash),
                                          restore=sources,
                                          materialization_interval=spec.materialization_interval,
                                          incarnation=spec.incarnation,
@@ -301,17 +307,38 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
                   ) -> Iterator[dict[str, Any]]:
     """Apply one subtask's rows of the micro-batch (its Arrow payloads, spark_glue.routing),
     snapshot, and report the snapshot."""
-    from pyspark import TaskContext
-
     t0 = time.perf_counter()
     keep_spark_archive_indexes()  # this worker's next tasks start sooner
+    table, initial = split(read_payloads(index, payloads), spec.initial_columns)
+    yield run_subtask(spec, index, table, initial, t0)
+
+
+def run_batches(spec: TaskSpec, index: int, batches: Iterable[Any]) -> dict[str, Any]:
+    """:func:`run_partition` of a subtask whose rows Spark's JVM routed
+    (spark_glue.jvm_route): its partition's Arrow record batches, every row one of its key
+    groups' (a row of another subtask's key group fails at its first state access, which
+    checks the backend's range)."""
+    import pyarrow as pa
+
+    t0 = time.perf_counter()
+    keep_spark_archive_indexes()
+    kept = [b for b in batches if b.num_rows]
+    return run_subtask(spec, index, pa.Table.from_batches(kept) if kept else None, None, t0)
+
+
+def run_subtask(spec: TaskSpec, index: int, table: Any, initial: Any, t0: float
+                ) -> dict[str, Any]:
+    """Subtask ``index``'s part of the micro-batch: ``initial`` (the initial state's rows,
+    spark_glue.initial_frame) loaded, ``table``'s rows applied (None: no rows), due timers
+    fired, a snapshot persisted; its result for the driver (``t0``: when the task began)."""
+    from pyspark import TaskContext
+
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx else 0
     # PySpark has no stage attempt number: a re-run of a task that succeeded in an earlier
     # stage attempt finds its entry holding this batch (not the restore checkpoint): restore
     stage_attempt = getattr(ctx, "stageAttemptNumber", lambda: 0)() if ctx else 0
     attempt_id = uuid.uuid4().hex  # this attempt, told from a duplicate
-    table, initial = split(read_payloads(index, payloads), spec.initial_columns)
     groups = group_by_key(table, spec.key)
     t_read = time.perf_counter() - t0
     client = _client(spec)
@@ -358,7 +385,7 @@ def run_partition(spec: TaskSpec, index: int, payloads: Iterator[Any]
         holds = spec.batch_id
     finally:
         release(entry, holds, attempt_id)
-    yield {
+    return {
         "index": index, "attempt_id": attempt_id, "snapshot": json.dumps(snap.to_dict()),
         "outputs": outputs, "output_ipc": output_ipc, "timer_outputs": timer_outputs,
         "timer_ipc": timer_ipc, "rows": groups.rows, "keys": len(groups.keys),

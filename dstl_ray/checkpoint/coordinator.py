@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, DstlError
+from ..key_hashes import BLAKE2B
 from ..state.backend import ChangelogKeyedStateBackend
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
@@ -98,7 +99,7 @@ class CheckpointCoordinator:
         self.job_id = job_id
         self.base_path = normalize_url(base_path)
         self.job_path = join(self.base_path, job_id)
-        self.max_parallelism = max_parallelism
+        self.max_parallelism, self.key_hash = max_parallelism, BLAKE2B.name  # (key_hashes)
         self.retention = CheckpointRetention(retention)
         self.max_concurrent = max_concurrent
         self.storage = get_storage(self.job_path)
@@ -126,7 +127,7 @@ class CheckpointCoordinator:
                                              lambda url: self.cleaner.settle([url]))
         self.restore_point = RestorePointFile(self.base_path, job_id, self.lease.check)
         self.savepoints = Savepoints(job_id, self.job_path, max_parallelism, self.storage,
-                                     self.lease.check, self.registry)
+                                     self.lease.check, self.registry, lambda: self.key_hash)
 
     # ------------------------------------------------------------------ incarnation
 
@@ -253,7 +254,7 @@ class CheckpointCoordinator:
         url = metadata_url(self.job_path, n)
         self.cleaner.settle([url])  # an old chk-n's discard (a replayed id) is done first
         meta = CheckpointMetadata(self.job_id, n, "checkpoint", self.max_parallelism,
-                                  tuple(snaps), epoch=self.lease.epoch)
+                                  tuple(snaps), epoch=self.lease.epoch, key_hash=self.key_hash)
         files = meta.files(url)
         self.registry.register(url, files)  # so a declined checkpoint's files get cleaned
         try:

@@ -12,9 +12,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from ..errors import HandleError, StorageError
+from ..errors import DstlError, HandleError, StorageError
 from ..format.materialized import parse_job
 from ..format.segment import loads, non_negative_int, show
+from ..key_hashes import BLAKE2B, key_hash_named
 from ..state.json_memo import json_list, json_with
 from ..state.snapshot import KeyedStateSnapshot
 from ..storage.base import Storage, normalize_url
@@ -81,13 +82,19 @@ class CheckpointMetadata:
     # the writer's incarnation epoch (checkpoint/lease.py; 0: unknown, an older version's):
     # a file of an older epoch at a checkpoint's path is another incarnation's late write
     epoch: int = 0
+    # how the job's keys became key groups (dstl_ray.key_hashes): named in the file unless it
+    # is blake2b, so a file without one (every version before) means blake2b
+    key_hash: str = BLAKE2B.name
 
     def to_json(self) -> str:
-        return json_with({"type": "dstl-checkpoint", "version": METADATA_VERSION,
-                          "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
-                          "max_parallelism": self.max_parallelism,
-                          "timestamp": self.timestamp, "epoch": self.epoch},
-                         snapshots=json_list(s.to_json() for s in self.snapshots))
+        head: dict[str, object] = {
+            "type": "dstl-checkpoint", "version": METADATA_VERSION, "job": self.job_id,
+            "id": self.checkpoint_id, "kind": self.kind,
+            "max_parallelism": self.max_parallelism, "timestamp": self.timestamp,
+            "epoch": self.epoch}
+        if self.key_hash != BLAKE2B.name:
+            head["key_hash"] = self.key_hash
+        return json_with(head, snapshots=json_list(s.to_json() for s in self.snapshots))
 
     @classmethod
     def from_json(cls, text: str | bytes, metadata_url: str) -> CheckpointMetadata:
@@ -111,9 +118,14 @@ class CheckpointMetadata:
         snaps = d.get("snapshots")
         if not isinstance(snaps, list):
             raise HandleError("snapshots must be a list")
+        try:
+            key_hash = key_hash_named(d.get("key_hash")).name
+        except DstlError as e:  # (an unknown name, or a hash this install cannot compute)
+            raise HandleError(f"checkpoint metadata: {e}") from e
         return cls(job, cid, kind, maxp,
                    tuple(KeyedStateSnapshot.from_dict(s, base) for s in snaps),
-                   parse_timestamp(ts), non_negative_int("epoch", d.get("epoch", 0)))
+                   parse_timestamp(ts), non_negative_int("epoch", d.get("epoch", 0)),
+                   key_hash)
 
     def files(self, metadata_url: str) -> dict[str, str]:
         """File name -> URL of every state file this checkpoint references."""

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..errors import CheckpointDeclinedError, ConfigError, DstlError
+from ..key_hashes import BLAKE2B
 from ..log.futures import when_all_done
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
@@ -100,9 +101,10 @@ class Savepoints:
     never take them for its own, or unpinning would delete them."""
 
     def __init__(self, job_id: str, job_path: str, max_parallelism: int, storage: Storage,
-                 guard: Callable[[], None], registry: SharedStateRegistry | None = None
-                 ) -> None:
+                 guard: Callable[[], None], registry: SharedStateRegistry | None = None,
+                 key_hash: Callable[[], str] = lambda: BLAKE2B.name) -> None:
         self.job_id, self.job_path, self.max_parallelism = job_id, job_path, max_parallelism
+        self.key_hash = key_hash  # the job's (dstl_ray.key_hashes), asked at each savepoint
         self.storage, self.guard, self.registry = storage, guard, registry
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dstl-sp")
 
@@ -122,7 +124,9 @@ class Savepoints:
         try:
             done = start_savepoint(self.job_id, n, self.job_path, backends,
                                    self.max_parallelism, self.storage, incarnation=incarnation,
-                                   guard=self.guard, timeout_s=timeout_s)
+                                   guard=self.guard, timeout_s=timeout_s,
+                                   key_hash=of.metadata.key_hash if of is not None
+                                   else self.key_hash())
         except BaseException:
             if unpin is not None:
                 unpin()
@@ -158,14 +162,15 @@ def start_savepoint(job_id: str, n: int, job_path: str,
                     backends: Iterable[SavepointPart], max_parallelism: int,
                     storage: Storage, *, incarnation: str = "",
                     guard: Callable[[], None] | None = None,
-                    timeout_s: float | None = None
+                    timeout_s: float | None = None, key_hash: str = BLAKE2B.name
                     ) -> concurrent.futures.Future[CompletedCheckpoint]:
     """Start savepoint ``n`` of job ``job_id`` in a new directory under ``job_path``
     (:func:`new_savepoint_dir`, its marker naming ``incarnation``): every backend writes
     its part now; the metadata is written on a thread of its own (a savepoint must not
     queue behind checkpoints), after ``guard`` (the job lease's check: it raises once this
     driver may no longer write) and the checks of the module docstring. The parts get
-    ``timeout_s`` together (default :data:`SAVEPOINT_PART_TIMEOUT_S`). The future fails
+    ``timeout_s`` together (default :data:`SAVEPOINT_PART_TIMEOUT_S`); the metadata names
+    ``key_hash``, the parts' (dstl_ray.key_hashes). The future fails
     with :class:`CheckpointDeclinedError` once the parts that did start are done (or the
     wait for them timed out) and what the attempt wrote is deleted."""
     timeout = SAVEPOINT_PART_TIMEOUT_S if timeout_s is None else timeout_s
@@ -194,7 +199,8 @@ def start_savepoint(job_id: str, n: int, job_path: str,
                 raise CheckpointDeclinedError(f"{len(late)} of {len(futures)} parts not "
                                               f"done after {timeout:g}s")
             snaps = tuple(f.result() for f in futures)
-            meta = CheckpointMetadata(job_id, n, "savepoint", max_parallelism, snaps)
+            meta = CheckpointMetadata(job_id, n, "savepoint", max_parallelism, snaps,
+                                      key_hash=key_hash)
             text = meta.to_json().encode()
             _write_metadata(target, meta.files(url).values(), text, record, storage, guard)
         except BaseException as e:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
-from ..keygroups import assign_key_group, assign_key_groups, key_group_and_input
+from ..key_hashes import BLAKE2B
+from ..keygroups import assign_key_group, key_group_and_input
 from .records import (
     Op,
     StateKind,
@@ -47,10 +48,13 @@ class _State:
             ref = b._refs.get(key)
             if ref is not None:
                 return ref
+        h = b.key_hash
         if (t is int or t is str) and type(b._ser) is TaggedSerializer:
-            ref = key_group_and_input(key, b.max_parallelism)  # the input is its encoding
-        else:
-            ref = assign_key_group(key, b.max_parallelism), b._ser.serialize(key)
+            ref = (key_group_and_input(key, b.max_parallelism) if h is BLAKE2B
+                   else h.groups_and_inputs((key,), b.max_parallelism)[0])
+        else:  # (the input is the encoding of an int or a str key, not of others)
+            ref = (assign_key_group(key, b.max_parallelism) if h is BLAKE2B
+                   else h.key_group(key, b.max_parallelism)), b._ser.serialize(key)
         kg, r = ref[0], b.key_group_range
         if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
@@ -161,7 +165,7 @@ class ValueState(_State):
         b = self._b
         if type(b._ser) is not TaggedSerializer:
             return [self._kg(k) for k in keys]
-        pairs = assign_key_groups(keys, b.max_parallelism)
+        pairs = b.key_hash.groups_and_inputs(keys, b.max_parallelism)
         lo, hi, ser = b.key_group_range.start, b.key_group_range.end, b._ser.serialize
         out: list[tuple[int, bytes]] = []
         for key, pair in zip(keys, pairs, strict=True):

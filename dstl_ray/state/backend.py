@@ -32,6 +32,7 @@ from typing import Any
 from ..errors import CheckpointError, DstlError, KeyGroupError
 from ..format.incremental import RocksDBHandle
 from ..format.materialized import MAT_SUFFIX, MaterializedHandle
+from ..key_hashes import BLAKE2B, KeyHash
 from ..keygroups import KeyGroupRange
 from ..merging.pool import UNKNOWN_USE, FileMergingOptions, SubtaskFileManager
 from ..storage.deleter import background_deleter
@@ -77,13 +78,13 @@ class ChangelogKeyedStateBackend:
                  file_merging: FileMergingOptions | None = None,
                  incarnation: str = "",
                  ttl_clock: Callable[[], float] = time.time, state_backend: str = "heap",
-                 local_dir: str | None = None) -> None:
+                 local_dir: str | None = None, key_hash: KeyHash = BLAKE2B) -> None:
         if not key_group_range.end < max_parallelism:
             raise KeyGroupError(f"range {key_group_range} exceeds max_parallelism "
                                 f"{max_parallelism}")
         self.operator_id = operator_id
         self.key_group_range = key_group_range
-        self.max_parallelism = max_parallelism
+        self.max_parallelism, self.key_hash = max_parallelism, key_hash  # (key_hashes)
         self.job_id: str = client.job_id
         self.job_path: str = client.job_path
         self.materialization_interval = materialization_interval

@@ -20,6 +20,7 @@ from .test_import_graph import ROOT, _modules, import_graph
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("keygroups", "process_identity", "plotting"),
+    ("key_hashes",),
     ("observability",),
     ("config",),
     ("storage",),

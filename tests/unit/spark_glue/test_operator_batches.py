@@ -21,6 +21,7 @@ from dstl_ray.errors import ConfigError, DstlError, MissingStateError
 from dstl_ray.storage.deleter import flush_deletes
 from dstl_ray.storage.registry import get_storage
 from spark_glue.initial import InitialState
+from spark_glue.job_key_hash import JobKeyHash
 from spark_glue.operator import KeyedStatefulOperator, is_replay
 from spark_glue.placement import Placement
 from spark_glue.progress import ProgressMetrics
@@ -107,6 +108,7 @@ class Driver:
         op._attempts, op._replay_time = (), {}
         op._ttl_names_checked = False
         op.on_missing_state = "fail"
+        op.key_hash = JobKeyHash(job, "k", "blake2b")  # (no micro-batch schema here)
         op.coordinator = d.CheckpointCoordinator(job, self.base, max_parallelism=MAXP,
                                                  retained=3)
         # as the operator does (the restore of a driver: no backends here)

@@ -1,0 +1,141 @@
+"""Steps 1 and 2 of the operator's data path in Spark's JVM, for a job whose key hash Spark
+computes (``spark-xxhash64:<type>``, dstl_ray.key_hashes): no Python pass over the rows, and
+with a combiner mapping no stage of its own.
+
+A row's subtask is Flink's operator index of its key group,
+``pmod(xxhash64(key), max_parallelism) * parallelism div max_parallelism``, a SQL expression.
+The routing is in the shuffle Spark makes anyway:
+
+- **Without a combiner**: ``repartition(p, route)``, ``route`` the int that Spark's hash
+  partitioning sends to the subtask's partition (:func:`spark_glue.routing.route_values`).
+- **With a combiner mapping** (:mod:`spark_glue.combine`): ``groupBy(key, salt).agg(...)``.
+  The aggregation's own exchange partitions by ``pmod(murmur3(salt, murmur3(key, 42)), p)``
+  (Spark's hash of its grouping columns, chained), and ``salt``, an int that depends on the
+  key only (so the groups are the key's), is chosen per row so that this hash IS the row's
+  subtask: Murmur3's steps are invertible, so from ``murmur3(key, 42)`` (Spark's
+  ``hash(key)``) and the subtask, ``salt`` follows in a few multiplications, rotations and
+  xors mod 2**32 (:func:`salt_constant`, :func:`salt_column`). Partition ``i`` of the
+  aggregation is subtask ``i``'s rows, so the partial aggregation, its shuffle, the final
+  aggregation and the state work run in two stages, as Spark's own ``groupBy().agg()`` with
+  its state store does, where routing in Python took a stage more (the splitter's
+  ``mapInArrow`` after the final aggregation, then a shuffle of its payloads).
+
+The plan is built with adaptive execution off and ``spark.sql.shuffle.partitions`` = p on the
+batch's session (:func:`planned`): partition ``i`` must stay subtask ``i``, and an empty
+micro-batch must still give every subtask a task. A Spark test checks every row's partition
+against its key group (tests/spark/test_jvm_route.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from .routing import quoted, route_values
+
+SALT, ROUTE_COL = "_dstl_salt", "_dstl_jvm_route"
+_M32, _C1, _C2 = 0xFFFFFFFF, 0xCC9E2D51, 0x1B873593
+
+
+def _inverse(a: int) -> int:
+    return pow(a, -1, 1 << 32)
+
+
+def _rotr(x: int, r: int) -> int:
+    return ((x >> r) | (x << (32 - r))) & _M32
+
+
+def _unfmix(h: int) -> int:
+    """The inverse of Murmur3's finalization mix (without the length)."""
+    h ^= h >> 16
+    h = h * _inverse(0xC2B2AE35) & _M32
+    h ^= (h >> 13) ^ (h >> 26)
+    h = h * _inverse(0x85EBCA6B) & _M32
+    return h ^ (h >> 16)
+
+
+def salt_constant(subtask: int) -> int:
+    """``c`` such that ``hashInt(salt, seed) == subtask`` (Spark's Murmur3 of an int, as an
+    unsigned 32-bit value) for ``salt = unmixK1(seed ^ c)``, whatever the seed: undoing the
+    finalization (4 bytes hashed) and ``mixH1`` from the wanted hash ``subtask``."""
+    h1 = _unfmix(subtask) ^ 4
+    return _rotr((h1 - 0xE6546B64) * _inverse(5) & _M32, 13)
+
+
+def salt_of(seed: int, subtask: int) -> int:
+    """The salt (unsigned 32-bit) :func:`salt_column` computes for a row whose key's
+    ``hash`` is ``seed`` (unsigned 32-bit): the Python twin the unit tests check against
+    :func:`spark_glue.routing.spark_hash_int`."""
+    k1 = seed ^ salt_constant(subtask)
+    return _rotr(k1 * _inverse(_C2) & _M32, 15) * _inverse(_C1) & _M32
+
+
+def _times(F: Any, a: Any, b: int) -> Any:  # noqa: N803 - pyspark.sql.functions
+    """``a * b mod 2**32`` of a bigint column ``a`` in 0..2**32-1 and a constant ``b``, in
+    bigint steps that never overflow (so ANSI mode has nothing to refuse)."""
+    lo, hi = b & 0xFFFF, b >> 16
+    return F.pmod(a * F.lit(lo) + F.shiftleft(F.pmod(a * F.lit(hi), F.lit(1 << 16)), 16),
+                  F.lit(1 << 32))
+
+
+def subtask_column(key: str, max_parallelism: int, parallelism: int) -> Any:
+    """Each row's subtask: Flink's operator index of ``pmod(xxhash64(key), max_parallelism)``
+    (an int column)."""
+    from pyspark.sql import functions as F
+
+    kg = F.pmod(F.xxhash64(F.col(quoted(key))), F.lit(max_parallelism))
+    return F.floor(kg * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
+
+
+def salt_column(key: str, max_parallelism: int, parallelism: int) -> Any:
+    """Each row's salt (an int column): ``hash(key, salt)``, the aggregation's partitioning
+    hash, is the row's subtask (:func:`salt_of`, in SQL)."""
+    from pyspark.sql import functions as F
+
+    seed = F.pmod(F.hash(F.col(quoted(key))).cast("bigint"), F.lit(1 << 32))
+    consts = F.array(*[F.lit(salt_constant(i)) for i in range(parallelism)])
+    sub = subtask_column(key, max_parallelism, parallelism)
+    k1 = seed.bitwiseXOR(F.element_at(consts, sub + 1).cast("bigint"))
+    t = _times(F, k1, _inverse(_C2))
+    t = F.shiftright(t, 15).bitwiseOR(F.pmod(F.shiftleft(t, 17), F.lit(1 << 32)))
+    t = _times(F, t, _inverse(_C1))
+    return F.when(t >= F.lit(1 << 31), t - F.lit(1 << 32)).otherwise(t).cast("int")
+
+
+def routed(df: Any, key: str, max_parallelism: int, parallelism: int,
+           combine: Mapping[str, Any] | None) -> Any:
+    """``df``'s rows (through ``combine``'s aggregation if given), partition ``i`` holding
+    subtask ``i``'s: the key column, then the mapping's columns or ``df``'s others. Plan it
+    inside :func:`planned`."""
+    from pyspark.sql import functions as F
+
+    if combine is None:
+        routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
+        sub = subtask_column(key, max_parallelism, parallelism)
+        return (df.withColumn(ROUTE_COL, F.element_at(routes, sub + 1))
+                .repartition(parallelism, F.col(ROUTE_COL)).drop(ROUTE_COL))
+    aggs = [expr.alias(name) for name, expr in combine.items()]
+    return (df.withColumn(SALT, salt_column(key, max_parallelism, parallelism))
+            .groupBy(F.col(quoted(key)), F.col(SALT)).agg(*aggs).drop(SALT))
+
+
+@contextmanager
+def planned(session: Any, parallelism: int) -> Iterator[None]:
+    """Plan inside: adaptive execution off (its coalescing would merge subtasks' partitions,
+    and an empty micro-batch's shuffle would have none) and ``parallelism`` shuffle
+    partitions on ``session`` (the batch's), each setting as it was afterwards."""
+    conf = session.conf
+    wanted = {"spark.sql.adaptive.enabled": "false",
+              "spark.sql.shuffle.partitions": str(parallelism)}
+    before = {k: conf.get(k, None) for k in wanted}
+    try:
+        for k, v in wanted.items():
+            conf.set(k, v)
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                conf.unset(k)
+            else:
+                conf.set(k, v)

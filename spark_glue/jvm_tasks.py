@@ -1,0 +1,95 @@
+"""Step 3 over rows Spark's JVM routed (spark_glue.jvm_route): one ``mapInArrow`` task per
+subtask, in the same stage as the routing shuffle's reduce side (with a combiner mapping,
+the final aggregation's), each pinned to its executor (spark_glue.placement).
+
+The ``mapInArrow`` UDF is made once per operator and Spark context: PySpark makes a new one
+at every ``mapInArrow`` call (pickling the function and building its JVM objects, about 44
+round trips to the driver JVM). The batch's :class:`~spark_glue.worker.TaskSpec` therefore
+does not travel in the function: the driver sets it as a Spark local property of the thread
+that runs the job (:data:`SPEC_PROPERTY`, pickled, base64), which Spark ships with each of
+the job's tasks and PySpark hands the task's Python worker (``TaskContext``); the property is
+cleared when the job is done. A task reads the property of its own job, so a task of an
+earlier job (a zombie of a failed stage attempt) never sees a later batch's spec.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from .jvm_route import planned
+from .placement import Placement
+from .routing import quoted
+from .worker import TaskSpec, run_batches
+
+SPEC_PROPERTY = "dstl_ray.task_spec"
+RESULT = "_dstl_result"
+
+
+def subtask_task(batches: Iterable[Any]) -> Iterator[Any]:
+    """The ``mapInArrow`` function: the task's partition is its subtask; its result pickled
+    into one row."""
+    import pyarrow as pa
+    from pyspark import TaskContext
+    from pyspark.serializers import CPickleSerializer
+
+    ctx = TaskContext.get()
+    text = ctx.getLocalProperty(SPEC_PROPERTY) if ctx is not None else None
+    if not text:
+        raise RuntimeError(f"the task has no {SPEC_PROPERTY} local property: a dstl-ray "
+                           f"subtask runs only in its operator's job")
+    ser = CPickleSerializer()  # as PySpark ships a task's function and its results
+    spec = ser.loads(base64.b64decode(text))
+    result = run_batches(spec, ctx.partitionId(), batches)
+    yield pa.RecordBatch.from_arrays([pa.array([ser.dumps(result)], pa.binary())],
+                                     names=[RESULT])
+
+
+class SubtaskRunner:
+    """One operator's step 3 over JVM-routed rows: the UDF and its calls made once per Spark
+    context (by the routed frame's column names)."""
+
+    def __init__(self) -> None:
+        self._sc: Any = None
+        self._udf: Any = None
+        self._calls: dict[tuple[str, ...], Any] = {}
+
+    def run(self, routed: Any, spec: TaskSpec, placement: Placement) -> list[dict[str, Any]]:
+        """Every subtask's result (spark_glue.worker) for the batch ``routed`` holds
+        (spark_glue.jvm_route.routed, not yet planned), in partition order."""
+        from pyspark import cloudpickle
+        from pyspark.rdd import PythonEvalType
+        from pyspark.serializers import CPickleSerializer
+        from pyspark.sql.functions import col
+        from pyspark.sql.pandas.functions import pandas_udf
+
+        session = routed.sparkSession
+        sc = session.sparkContext
+        if self._sc is not sc:
+            self._sc, self._calls = sc, {}
+            self._udf = pandas_udf(subtask_task,  # type: ignore[call-overload]
+                                   returnType=f"{RESULT} binary",
+                                   functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+        names = tuple(routed.columns)
+        call = self._calls.get(names)
+        if call is None:
+            call = self._calls[names] = self._udf(*[col(quoted(c)) for c in names])._jc.expr()
+        p = spec.parallelism
+        with planned(session, p):
+            jrdd = routed._jdf.pythonMapInArrow(call, False).javaToPython()
+            if jrdd.getNumPartitions() != p:
+                # a batch Spark knows to be empty (an empty local relation) is planned
+                # without partitions: every subtask still runs, on no rows
+                if not routed.isEmpty():
+                    raise RuntimeError(f"batch {spec.batch_id}: Spark planned the routed "
+                                       f"rows in {jrdd.getNumPartitions()} partitions, not "
+                                       f"{p}")
+                none = session.createDataFrame(sc.parallelize([], p), routed.schema)
+                jrdd = none._jdf.pythonMapInArrow(call, False).javaToPython()
+        sc.setLocalProperty(SPEC_PROPERTY, base64.b64encode(cloudpickle.dumps(spec)).decode())
+        try:
+            rows = placement.collect_java(sc, jrdd, p)
+        finally:
+            sc.setLocalProperty(SPEC_PROPERTY, None)
+        return [CPickleSerializer().loads(r[0]) for r in rows]

@@ -1,0 +1,106 @@
+"""Rows routed in Spark's JVM (spark_glue.jvm_route): Spark's xxhash64 is the key group
+Python computes for string, int, bigint and binary keys; every row, combined or not, lands in
+its subtask's partition, and an empty batch still has one per subtask; a new job is hashed by
+Spark, its checkpoints say so, and it keeps that hash when restarted with another option; a
+job of blake2b (every job before) stays blake2b; a key column that changed type is refused
+before any task."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql import functions as F
+
+from dstl_ray.errors import ConfigError
+from dstl_ray.key_hashes import SparkXxHash64
+from spark_glue import KeyedStatefulOperator
+from spark_glue.jvm_route import planned, routed
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def test_spark_computes_the_key_groups_python_does(spark):
+    values = {"string": ["", "a", "abcde", "ü€", "x" * 33, "u17"],
+              "int": [0, 1, -1, 2 ** 31 - 1, -2 ** 31, 12345],
+              "bigint": [0, -1, 2 ** 63 - 1, -2 ** 63, 2 ** 40 + 7],
+              "binary": [bytearray(b""), bytearray(b"\x00\x01ab")]}
+    for kind, keys in values.items():
+        df = spark.createDataFrame([(k,) for k in keys], f"k {kind}")
+        got = [r.g for r in df.select(F.pmod(F.xxhash64("k"), F.lit(100)).alias("g")).collect()]
+        want = [SparkXxHash64(kind).key_group(bytes(k) if kind == "binary" else k, 100)
+                for k in keys]
+        assert got == want, kind
+
+
+@pytest.mark.parametrize("parallelism", [1, 3, 7])
+def test_every_row_lands_in_its_subtasks_partition(spark, parallelism):
+    maxp = 32
+    kind = SparkXxHash64("string")
+    df = spark.createDataFrame([(f"u{i % 300}", i) for i in range(2000)],
+                               "user STRING, amount LONG")
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    for combine in (None, {"n": F.count("*"), "total": F.sum("amount")}):
+        with planned(spark, parallelism):
+            out = routed(df, "user", maxp, parallelism, combine).withColumn(
+                "part", F.spark_partition_id())
+            rows = out.collect()
+            assert out.rdd.getNumPartitions() == parallelism
+        assert spark.conf.get("spark.sql.shuffle.partitions") == before
+        assert len(rows) == (2000 if combine is None else 300)
+        for r in rows:  # Flink's operator index of the key's group
+            assert r.part == kind.key_group(r.user, maxp) * parallelism // maxp, r
+        if combine is not None:
+            assert sum(r.n for r in rows) == 2000
+            assert {tuple(c for c in r.asDict() if c != "part") for r in rows} == {
+                ("user", "n", "total")}
+    with planned(spark, parallelism):  # an empty batch: still a partition per subtask
+        empty = routed(df.where(F.col("amount") < 0), "user", maxp, parallelism,
+                       {"n": F.count("*")})
+        assert empty.rdd.getNumPartitions() == parallelism
+
+
+def add(keys, rows, state):
+    agg = rows.groupby("user", sort=False)[["n", "total"]].sum()
+    state.value("count").set(state.value("count").get(0) + agg["n"].to_numpy())
+    state.value("sum").set(state.value("sum").get(0) + agg["total"].to_numpy())
+
+
+def test_a_new_job_is_hashed_by_spark_for_good(spark, tree_factory, namespace):
+    tree_factory(persist_delay_s=0.02)
+    combine = {"n": F.count("*"), "total": F.sum("amount")}
+
+    def op(job, **kw):
+        return KeyedStatefulOperator(job, key="user", update=add, api="pandas",
+                                     combine=combine, namespace=namespace, parallelism=3,
+                                     max_parallelism=32, materialization_interval=0.0, **kw)
+
+    batches = [[(f"u{(i * 7) % 50}", i % 11) for i in range(b * 400, b * 400 + 400)]
+               for b in range(3)]
+    batches.insert(1, [])  # an empty batch Spark knows is empty: no partitions planned
+    want: dict[str, dict] = {"count": {}, "sum": {}}
+    jobs = {"spark": op("hash-spark"), "blake": op("hash-blake", key_hash="blake2b")}
+    try:
+        for b, data in enumerate(batches):
+            if b == 3:  # a restart told blake2b keeps the job's own hash
+                jobs["spark"].close()
+                jobs["spark"] = op("hash-spark", key_hash="blake2b")
+            df = spark.createDataFrame(data, "user STRING, amount LONG")
+            df = df.limit(0) if not data else df
+            for o in jobs.values():
+                o.process_batch(df, b)
+            for u, a in data:
+                want["count"][u] = want["count"].get(u, 0) + 1
+                want["sum"][u] = want["sum"].get(u, 0) + a
+        for name, o in jobs.items():
+            assert o.state() == want, name
+            meta = o.coordinator.latest_checkpoint().metadata
+            assert meta.key_hash == ("spark-xxhash64:string" if name == "spark"
+                                     else "blake2b"), name
+        ints = spark.createDataFrame([(1, 2)], "user INT, amount LONG")
+        with pytest.raises(ConfigError, match="spark-xxhash64:string.*'user' is int"):
+            jobs["spark"].process_batch(ints, 4)
+    finally:
+        for o in jobs.values():
+            o.close()

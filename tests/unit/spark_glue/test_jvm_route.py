@@ -1,0 +1,20 @@
+"""The salt of spark_glue.jvm_route, in Python: Spark's Murmur3 of (key's hash, salt) is the
+wanted subtask whatever the key's hash. Spark computing it in SQL, and every row in its
+subtask's partition, is checked in tests/spark/test_jvm_route.py."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spark_glue.jvm_route import salt_of
+from spark_glue.routing import spark_hash_int
+
+
+@given(st.integers(0, (1 << 32) - 1), st.integers(1, 64), st.data())
+def test_the_salt_makes_sparks_hash_the_subtask(seed, parallelism, data):
+    subtask = data.draw(st.integers(0, parallelism - 1))
+    salt = salt_of(seed, subtask)
+    signed_salt = salt - (1 << 32) if salt >= 1 << 31 else salt
+    h = spark_hash_int(signed_salt, seed)  # (the seed's 32 bits, as Spark's int holds them)
+    assert h == subtask  # so pmod(h, parallelism) is the subtask
