@@ -78,7 +78,8 @@ BLAKE2B = Blake2bKeyHash()
 class SparkXxHash64:
     """``pmod(xxhash64(key), max_parallelism)`` as Spark SQL computes it for a key column of
     Spark type ``key_type``: the hashed bytes are a string's UTF-8, an ``int``'s 4 and a
-    ``bigint``'s 8 little-endian bytes, a ``binary``'s own. A key of another Python type
+    ``bigint``'s 8 little-endian bytes, a ``binary``'s own; a null key (None) hashes to the
+    seed, as in Spark. A key of another Python type
     than the column's (a ``str`` under ``int``, a ``bool`` anywhere) is a
     :class:`~dstl_ray.errors.KeyGroupError`: it could not have come from the column."""
 
@@ -117,6 +118,8 @@ class SparkXxHash64:
                             f"Spark {t} key column, which the key hash {self.name} hashes")
 
     def key_group(self, key: object, max_parallelism: int) -> int:
+        if key is None:  # Spark's hash of a null is its seed, in every column type
+            return SPARK_SEED % max_parallelism
         h = self._digest(self.hashed_bytes(key), SPARK_SEED)  # type: ignore[attr-defined]
         # Spark's pmod of the signed 64-bit hash; Python's % of a positive modulus is that
         return (h - (1 << 64) if h >= 1 << 63 else h) % max_parallelism
@@ -138,6 +141,13 @@ def key_hash_named(name: object) -> KeyHash:
         return SparkXxHash64(name[len(SPARK_PREFIX):])
     raise KeyGroupError(f"unknown key hash {name!r}: expected {BLAKE2B.name!r} or "
                         f"{SPARK_PREFIX}<{'|'.join(SPARK_KEY_TYPES)}>")
+
+
+def key_hash_name(value: KeyHash | str | None, default: str) -> str:
+    """The name of ``value`` (a :class:`KeyHash` or a name, checked), ``default`` if None."""
+    if value is None:
+        return default
+    return key_hash_named(value).name if isinstance(value, str) else value.name
 
 
 def spark_key_hash(spark_type: str) -> KeyHash:

@@ -16,17 +16,22 @@ Two ways, by the job's key hash (spark_glue.job_key_hash):
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
+from dstl_ray.errors import ConfigError
 from dstl_ray.key_hashes import BLAKE2B
 
 from .combine import Combine
-from .jvm_route import routed as jvm_routed
+from .jvm_route import ROUTE_COL, SALT, JvmRoutePlan
 from .jvm_tasks import SubtaskRunner
 from .placement import Placement
 from .route_plan import RoutePlan, route
 from .worker import TaskSpec, run_partition
+
+log = logging.getLogger(__name__)
 
 
 class DataPath:
@@ -34,13 +39,16 @@ class DataPath:
 
     def __init__(self, key: str, combine: Combine | None) -> None:
         self.key, self.combine = key, combine
-        self._route_plan = RoutePlan()
+        self._route_plan, self._jvm_plan = RoutePlan(), JvmRoutePlan()
         self._runner = SubtaskRunner()
 
     def jvm_routed(self, spec: TaskSpec) -> bool:
-        """Whether batch ``spec`` is routed in the JVM."""
+        """Whether batch ``spec`` is routed in the JVM: the job is hashed by Spark, nothing
+        runs in Python before the shuffle, and PySpark pins each Python thread to a JVM
+        thread (its default), so the spec set on the driver thread reaches the job's tasks."""
         return (spec.key_hash != BLAKE2B.name and not spec.initial_columns
-                and (self.combine is None or isinstance(self.combine, Mapping)))
+                and (self.combine is None or isinstance(self.combine, Mapping))
+                and os.environ.get("PYSPARK_PIN_THREAD", "true").lower() != "false")
 
     def run(self, df: Any, spec: TaskSpec, placement: Placement, initial_df: Any
             ) -> list[dict[str, Any]]:
@@ -48,14 +56,21 @@ class DataPath:
         the initial state's rows, when ``spec`` loads them)."""
         p = spec.parallelism
         if self.jvm_routed(spec):
-            if self.key not in df.columns:
-                from dstl_ray.errors import ConfigError
-
-                raise ConfigError(f"key column {self.key!r} is not in the micro-batch's "
-                                  f"columns {df.columns}")
-            return self._runner.run(jvm_routed(df, self.key, spec.max_parallelism, p,
-                                               self.combine),  # type: ignore[arg-type]
-                                    spec, placement)
+            columns = tuple(df.columns)
+            if self.key not in columns or {SALT, ROUTE_COL} & set(columns):
+                raise ConfigError(f"the micro-batch's columns {list(columns)} must hold the "
+                                  f"key column {self.key!r} and neither {SALT!r} nor "
+                                  f"{ROUTE_COL!r}")
+            combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
+            got = self._runner.run(
+                self._jvm_plan.routed(df, self.key, spec.max_parallelism, p, combine),
+                columns if combine is None else (self.key, *combine), spec, placement,
+                salted=combine is not None)
+            if got is not None:
+                return got
+            log.info("batch %d: Spark planned the aggregation without an exchange by key and "
+                     "salt (its input suits the grouping already): routed in Python",
+                     spec.batch_id)
 
         def task(index: int, payloads: Any) -> Any:
             return run_partition(spec, index, payloads)

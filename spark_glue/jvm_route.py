@@ -28,6 +28,8 @@ against its key group (tests/spark/test_jvm_route.py).
 
 from __future__ import annotations
 
+import re
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -103,39 +105,90 @@ def salt_column(key: str, max_parallelism: int, parallelism: int) -> Any:
     return F.when(t >= F.lit(1 << 31), t - F.lit(1 << 32)).otherwise(t).cast("int")
 
 
+class JvmRoutePlan:
+    """The JVM objects of one operator's routing, made once per Spark context and routing
+    parameters: each ``F`` function a column expression calls is a round trip to the driver
+    JVM (the salt alone takes about 40), so a batch's plan takes only the steps' own calls
+    (``withColumn``, ``groupBy``/``agg`` or ``repartition``, ``drop``), as
+    :class:`spark_glue.route_plan.RoutePlan` does for the Python route."""
+
+    def __init__(self) -> None:
+        self._sc: Any = None
+        self._made: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+    def routed(self, df: Any, key: str, max_parallelism: int, parallelism: int,
+               combine: Mapping[str, Any] | None) -> Any:
+        """``df``'s rows (through ``combine``'s aggregation if given), partition ``i``
+        holding subtask ``i``'s: the key column, then the mapping's columns or ``df``'s
+        others. Plan it inside :func:`planned`."""
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F
+        from pyspark.sql.column import _to_seq
+
+        sc = df.sparkSession.sparkContext
+        if self._sc is not sc:  # a new session: its JVM knows none of ours
+            self._sc, self._made = sc, {}
+        items = None if combine is None else tuple(combine.items())
+        params = (key, max_parallelism, parallelism,
+                  None if items is None else tuple((name, id(e)) for name, e in items))
+        made = self._made.get(params)
+        if made is None:  # (the entry holds the expressions: their ids are not reused)
+            if items is None:
+                routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
+                sub = subtask_column(key, max_parallelism, parallelism)
+                made = (F.element_at(routes, sub + 1)._jc,
+                        _to_seq(sc, [F.col(ROUTE_COL)._jc]))
+            else:
+                aggs = [expr.alias(name)._jc for name, expr in items]
+                made = (salt_column(key, max_parallelism, parallelism)._jc,
+                        _to_seq(sc, [F.col(quoted(key))._jc, F.col(SALT)._jc]), aggs[0],
+                        _to_seq(sc, aggs[1:]), items)
+            self._made[params] = made
+        if items is None:
+            jdf = df._jdf.withColumn(ROUTE_COL, made[0]).repartition(parallelism, made[1])
+            return DataFrame(jdf.drop(ROUTE_COL), df.sparkSession)
+        jdf = df._jdf.withColumn(SALT, made[0]).groupBy(made[1]).agg(made[2], made[3])
+        return DataFrame(jdf.drop(SALT), df.sparkSession)
+
+
 def routed(df: Any, key: str, max_parallelism: int, parallelism: int,
            combine: Mapping[str, Any] | None) -> Any:
-    """``df``'s rows (through ``combine``'s aggregation if given), partition ``i`` holding
-    subtask ``i``'s: the key column, then the mapping's columns or ``df``'s others. Plan it
-    inside :func:`planned`."""
-    from pyspark.sql import functions as F
+    """:meth:`JvmRoutePlan.routed` with a plan of its own."""
+    return JvmRoutePlan().routed(df, key, max_parallelism, parallelism, combine)
 
-    if combine is None:
-        routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
-        sub = subtask_column(key, max_parallelism, parallelism)
-        return (df.withColumn(ROUTE_COL, F.element_at(routes, sub + 1))
-                .repartition(parallelism, F.col(ROUTE_COL)).drop(ROUTE_COL))
-    aggs = [expr.alias(name) for name, expr in combine.items()]
-    return (df.withColumn(SALT, salt_column(key, max_parallelism, parallelism))
-            .groupBy(F.col(quoted(key)), F.col(SALT)).agg(*aggs).drop(SALT))
+
+def salted_exchange(plan: str, parallelism: int) -> bool:
+    """Whether a physical plan's text has the aggregation's exchange by the key and the salt
+    into ``parallelism`` partitions: Spark leaves an exchange out when its input is already
+    partitioned to suit the grouping (a single partition suits any), and the rows would then
+    not be in their subtasks' partitions."""
+    return re.search(rf"Exchange hashpartitioning\([^)]*\b{SALT}#\d+, {parallelism}\)",
+                     plan) is not None
+
+
+_PLANNING = threading.Lock()  # the settings below are the session's, not the thread's
 
 
 @contextmanager
 def planned(session: Any, parallelism: int) -> Iterator[None]:
     """Plan inside: adaptive execution off (its coalescing would merge subtasks' partitions,
-    and an empty micro-batch's shuffle would have none) and ``parallelism`` shuffle
-    partitions on ``session`` (the batch's), each setting as it was afterwards."""
+    and an empty micro-batch's shuffle would have none), ``parallelism`` shuffle partitions,
+    and an input partitioned by the key alone not taken for one partitioned by the key and
+    the salt, on ``session`` (the batch's), each setting as it was afterwards; one planning
+    at a time in this process."""
     conf = session.conf
     wanted = {"spark.sql.adaptive.enabled": "false",
-              "spark.sql.shuffle.partitions": str(parallelism)}
-    before = {k: conf.get(k, None) for k in wanted}
-    try:
-        for k, v in wanted.items():
-            conf.set(k, v)
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                conf.unset(k)
-            else:
+              "spark.sql.shuffle.partitions": str(parallelism),
+              "spark.sql.requireAllClusterKeysForDistribution": "true"}
+    with _PLANNING:
+        before = {k: conf.get(k, None) for k in wanted}
+        try:
+            for k, v in wanted.items():
                 conf.set(k, v)
+            yield
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    conf.unset(k)
+                else:
+                    conf.set(k, v)

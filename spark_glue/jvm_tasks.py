@@ -18,7 +18,7 @@ import base64
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .jvm_route import planned
+from .jvm_route import planned, salted_exchange
 from .placement import Placement
 from .routing import quoted
 from .worker import TaskSpec, run_batches
@@ -42,6 +42,7 @@ def subtask_task(batches: Iterable[Any]) -> Iterator[Any]:
     ser = CPickleSerializer()  # as PySpark ships a task's function and its results
     spec = ser.loads(base64.b64decode(text))
     result = run_batches(spec, ctx.partitionId(), batches)
+    result["spec"] = (spec.job_id, spec.operator_id, spec.batch_id, spec.epoch)
     yield pa.RecordBatch.from_arrays([pa.array([ser.dumps(result)], pa.binary())],
                                      names=[RESULT])
 
@@ -55,9 +56,12 @@ class SubtaskRunner:
         self._udf: Any = None
         self._calls: dict[tuple[str, ...], Any] = {}
 
-    def run(self, routed: Any, spec: TaskSpec, placement: Placement) -> list[dict[str, Any]]:
+    def run(self, routed: Any, names: tuple[str, ...], spec: TaskSpec, placement: Placement,
+            salted: bool) -> list[dict[str, Any]] | None:
         """Every subtask's result (spark_glue.worker) for the batch ``routed`` holds
-        (spark_glue.jvm_route.routed, not yet planned), in partition order."""
+        (spark_glue.jvm_route, not yet planned; ``names``: its columns), in partition
+        order; None, with nothing run, when Spark planned a ``salted`` aggregation without
+        its exchange (:func:`~spark_glue.jvm_route.salted_exchange`)."""
         from pyspark import cloudpickle
         from pyspark.rdd import PythonEvalType
         from pyspark.serializers import CPickleSerializer
@@ -71,13 +75,16 @@ class SubtaskRunner:
             self._udf = pandas_udf(subtask_task,  # type: ignore[call-overload]
                                    returnType=f"{RESULT} binary",
                                    functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
-        names = tuple(routed.columns)
         call = self._calls.get(names)
         if call is None:
             call = self._calls[names] = self._udf(*[col(quoted(c)) for c in names])._jc.expr()
         p = spec.parallelism
         with planned(session, p):
-            jrdd = routed._jdf.pythonMapInArrow(call, False).javaToPython()
+            jdf = routed._jdf.pythonMapInArrow(call, False)
+            jrdd = jdf.javaToPython()
+            if salted and not salted_exchange(
+                    jdf.queryExecution().executedPlan().toString(), p):
+                return None
             if jrdd.getNumPartitions() != p:
                 # a batch Spark knows to be empty (an empty local relation) is planned
                 # without partitions: every subtask still runs, on no rows
@@ -92,4 +99,10 @@ class SubtaskRunner:
             rows = placement.collect_java(sc, jrdd, p)
         finally:
             sc.setLocalProperty(SPEC_PROPERTY, None)
-        return [CPickleSerializer().loads(r[0]) for r in rows]
+        results = [CPickleSerializer().loads(r[0]) for r in rows]
+        mine = (spec.job_id, spec.operator_id, spec.batch_id, spec.epoch)
+        for r in results:  # (a task that read another thread's spec applied another batch)
+            if r.pop("spec") != mine:
+                raise RuntimeError(f"batch {spec.batch_id}: a subtask ran with another "
+                                   f"batch's task spec: {r['index']}")
+        return results

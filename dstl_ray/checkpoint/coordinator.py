@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, DstlError
-from ..key_hashes import BLAKE2B
+from ..key_hashes import BLAKE2B, key_hash_name
 from ..state.backend import ChangelogKeyedStateBackend
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
@@ -184,8 +184,6 @@ class CheckpointCoordinator:
                 b.notify_checkpoint_subsumed(wm)
             except DstlError as e:
                 log.warning("subsume notification to %s failed: %s", b.operator_id, e)
-
-    # ------------------------------------------------------------------ checkpoints
 
     def completed_checkpoints(self) -> list[CompletedCheckpoint]:
         """Retained checkpoints, oldest first."""
@@ -349,6 +347,7 @@ class CheckpointCoordinator:
         corrupt is skipped for the next older retained one; otherwise the error names both.
         Orphans are cleaned by the restore that starts this run (takes the lease) only: a
         later one (another operator) would delete this run's live files."""
+        self.key_hash = key_hash_name(backend_options.get("key_hash"), self.key_hash)  # backends'
         took = self.lease.incarnation is None
         self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
         try:

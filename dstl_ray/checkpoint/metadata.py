@@ -24,6 +24,9 @@ from ..storage.registry import get_storage
 log = logging.getLogger(__name__)
 
 METADATA_VERSION = 1
+# a checkpoint filed by a key hash other than blake2b (dstl_ray.key_hashes): a version that
+# knows no key hashes refuses it, rather than look its keys up in blake2b's key groups
+KEY_HASH_VERSION = 2
 METADATA_FILE = "_metadata"
 MAX_CHECKPOINT_ID = (1 << 63) - 1  # a Flink long
 
@@ -87,12 +90,14 @@ class CheckpointMetadata:
     key_hash: str = BLAKE2B.name
 
     def to_json(self) -> str:
+        named = self.key_hash != BLAKE2B.name  # (an older reader refuses version 2 whole)
         head: dict[str, object] = {
-            "type": "dstl-checkpoint", "version": METADATA_VERSION, "job": self.job_id,
+            "type": "dstl-checkpoint", "version": KEY_HASH_VERSION if named else METADATA_VERSION,
+            "job": self.job_id,
             "id": self.checkpoint_id, "kind": self.kind,
             "max_parallelism": self.max_parallelism, "timestamp": self.timestamp,
             "epoch": self.epoch}
-        if self.key_hash != BLAKE2B.name:
+        if named:
             head["key_hash"] = self.key_hash
         return json_with(head, snapshots=json_list(s.to_json() for s in self.snapshots))
 
@@ -102,8 +107,10 @@ class CheckpointMetadata:
         d = loads(text, "checkpoint metadata")
         if not isinstance(d, dict) or d.get("type") != "dstl-checkpoint":
             raise HandleError("not a dstl checkpoint metadata file")
-        if d.get("version") != METADATA_VERSION:
-            raise HandleError(f"unsupported checkpoint metadata version {show(d.get('version'))}")
+        if d.get("version") not in (METADATA_VERSION, KEY_HASH_VERSION) or (
+                d.get("version") == KEY_HASH_VERSION) != ("key_hash" in d):
+            raise HandleError(f"unsupported checkpoint metadata version {show(d.get('version'))}"
+                              f" (version {KEY_HASH_VERSION} and only it names a key hash)")
         cid, maxp, kind, ts = d.get("id"), d.get("max_parallelism"), d.get("kind"), \
             d.get("timestamp", 0.0)
         if non_negative_int("checkpoint id", cid) > MAX_CHECKPOINT_ID:

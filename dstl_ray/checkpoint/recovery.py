@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DstlError, HandleError, KeyGroupError, RestoreError, StorageError
-from ..key_hashes import BLAKE2B
+from ..errors import ConfigError, DstlError, HandleError, KeyGroupError, RestoreError, StorageError
+from ..key_hashes import key_hash_named
 from ..keygroups import key_group_range_for_subtask
 from ..state.backend import ChangelogKeyedStateBackend, RestoreSource
 from ..storage.base import Storage, join, normalize_url
@@ -94,11 +94,10 @@ def check_key_hash(checkpoint: CompletedCheckpoint, key_hash: str) -> None:
     """A :class:`RestoreError` unless ``checkpoint`` was written under ``key_hash`` (the
     restoring job's, dstl_ray.key_hashes): under another hash its keys would be looked up in
     other key groups than their state is in, and the state would seem gone."""
-    if checkpoint.metadata.key_hash != key_hash:
-        raise RestoreError(f"checkpoint {checkpoint.metadata_url} files keys by the key hash "
-                           f"{checkpoint.metadata.key_hash}, the job uses {key_hash}: its "
-                           f"state would not be found under the job's keys",
-                           checkpoint=checkpoint.metadata_url)
+    if checkpoint.metadata.key_hash != key_hash:  # (not a RestoreError: no fallback skips it)
+        raise ConfigError(f"checkpoint {checkpoint.metadata_url} files keys by the key hash "
+                          f"{checkpoint.metadata.key_hash}, the job uses {key_hash}: its "
+                          f"state would not be found under the job's keys")
 
 
 def restore_backends(client: Any, checkpoint: CompletedCheckpoint | None, operator_id: str,
@@ -112,9 +111,11 @@ def restore_backends(client: Any, checkpoint: CompletedCheckpoint | None, operat
         raise RestoreError(f"checkpoint {checkpoint.metadata_url} has max_parallelism "
                            f"{checkpoint.metadata.max_parallelism}, the job uses "
                            f"{max_parallelism}", checkpoint=checkpoint.metadata_url)
+    kind = backend_options.get("key_hash")
+    if isinstance(kind, str) or kind is None:  # (by name too)
+        backend_options = {**backend_options, "key_hash": key_hash_named(kind)}
     if checkpoint is not None and parallelism:  # (none: the job's start loads the list)
-        check_key_hash(checkpoint,
-                       getattr(backend_options.get("key_hash"), "name", BLAKE2B.name))
+        check_key_hash(checkpoint, backend_options["key_hash"].name)
     sources: Sequence[list[RestoreSource]] = (
         assign_sources(checkpoint, operator_id, parallelism) if checkpoint is not None
         else [[] for _ in range(parallelism)])

@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from dstl_ray.errors import ConfigError
 from dstl_ray.key_hashes import SparkXxHash64
 from spark_glue import KeyedStatefulOperator
-from spark_glue.jvm_route import planned, routed
+from spark_glue.jvm_route import planned, routed, salted_exchange
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -47,6 +47,12 @@ def test_every_row_lands_in_its_subtasks_partition(spark, parallelism):
                 "part", F.spark_partition_id())
             rows = out.collect()
             assert out.rdd.getNumPartitions() == parallelism
+            plan = out._jdf.queryExecution().executedPlan().toString()
+            assert salted_exchange(plan, parallelism) == (combine is not None), plan
+            if combine is not None:  # one partition suits any grouping: no such exchange
+                one = routed(df.coalesce(1), "user", maxp, parallelism, combine)
+                assert not salted_exchange(
+                    one._jdf.queryExecution().executedPlan().toString(), parallelism)
         assert spark.conf.get("spark.sql.shuffle.partitions") == before
         assert len(rows) == (2000 if combine is None else 300)
         for r in rows:  # Flink's operator index of the key's group
@@ -62,7 +68,7 @@ def test_every_row_lands_in_its_subtasks_partition(spark, parallelism):
 
 
 def add(keys, rows, state):
-    agg = rows.groupby("user", sort=False)[["n", "total"]].sum()
+    agg = rows.groupby("user", sort=False, dropna=False)[["n", "total"]].sum()
     state.value("count").set(state.value("count").get(0) + agg["n"].to_numpy())
     state.value("sum").set(state.value("sum").get(0) + agg["total"].to_numpy())
 
@@ -79,6 +85,7 @@ def test_a_new_job_is_hashed_by_spark_for_good(spark, tree_factory, namespace):
     batches = [[(f"u{(i * 7) % 50}", i % 11) for i in range(b * 400, b * 400 + 400)]
                for b in range(3)]
     batches.insert(1, [])  # an empty batch Spark knows is empty: no partitions planned
+    batches[2].append((None, 5))  # a null key: Spark's hash of null is its seed
     want: dict[str, dict] = {"count": {}, "sum": {}}
     jobs = {"spark": op("hash-spark"), "blake": op("hash-blake", key_hash="blake2b")}
     try:
@@ -87,7 +94,10 @@ def test_a_new_job_is_hashed_by_spark_for_good(spark, tree_factory, namespace):
                 jobs["spark"].close()
                 jobs["spark"] = op("hash-spark", key_hash="blake2b")
             df = spark.createDataFrame(data, "user STRING, amount LONG")
-            df = df.limit(0) if not data else df
+            # partitioned as the grouping wants already (no exchange by key and salt unless
+            # asked for), and one partition (suits any grouping: routed in Python)
+            df = df.limit(0) if not data else df.repartition(3, "user") if b == 2 \
+                else df.coalesce(1) if b == 3 else df
             for o in jobs.values():
                 o.process_batch(df, b)
             for u, a in data:

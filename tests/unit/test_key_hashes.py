@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import dstl_ray as d
 from dstl_ray.checkpoint.metadata import CheckpointMetadata
 from dstl_ray.checkpoint.recovery import load_checkpoint, restore_backends
-from dstl_ray.errors import HandleError, KeyGroupError, RestoreError
+from dstl_ray.errors import ConfigError, HandleError, KeyGroupError
 from dstl_ray.key_hashes import (
     BLAKE2B,
     SparkXxHash64,
@@ -53,6 +53,12 @@ def test_a_key_the_column_could_not_hold_is_refused_by_name(kind, key):
         SparkXxHash64(kind).key_group(key, 128)
 
 
+def test_a_null_key_hashes_to_the_seed_as_in_spark():
+    for kind in ("string", "int", "bigint", "binary"):
+        assert SparkXxHash64(kind).key_group(None, 100) == 42
+        assert SparkXxHash64(kind).key_group(None, 32) == 42 % 32
+
+
 def test_names_round_trip_and_unknown_ones_are_refused():
     for h in (BLAKE2B, *(SparkXxHash64(t) for t in ("string", "int", "bigint", "binary"))):
         assert key_hash_named(h.name) == h
@@ -83,6 +89,7 @@ def test_a_backend_files_and_restores_keys_by_its_hash(tmp_path):
     cc = coord.trigger_checkpoint().result(timeout=60)
     meta = load_checkpoint(cc.metadata_url).metadata
     assert meta.key_hash == kind.name
+    assert '"version":2' in meta.to_json()  # a version knowing no key hashes refuses it
     assert '"key_hash":"spark-xxhash64:string"' in meta.to_json()
     # columnar access agrees with per-key access
     refs = bs[0].value_state("v").refs([k for k in keys if kind.key_group(k, MAXP) <= 7])
@@ -100,8 +107,8 @@ def test_a_backend_files_and_restores_keys_by_its_hash(tmp_path):
     assert got == {k: k.upper() for k in keys}
     for b in back:
         b.close()
-    with pytest.raises(RestoreError, match="key hash spark-xxhash64:string, the job uses "
-                                           "blake2b"):
+    with pytest.raises(ConfigError, match="key hash spark-xxhash64:string, the job uses "
+                                          "blake2b"):
         restore_backends(client("job", base), cc, "op", 2, MAXP)
     coord.shutdown()
 
@@ -109,9 +116,12 @@ def test_a_backend_files_and_restores_keys_by_its_hash(tmp_path):
 def test_metadata_without_a_key_hash_is_blake2b_and_a_bad_one_is_refused():
     meta = CheckpointMetadata("job", 1, "checkpoint", 16, ())
     text = meta.to_json()
-    assert "key_hash" not in text  # byte for byte what versions before wrote
+    assert "key_hash" not in text and '"version":1' in text  # what versions before wrote
     assert CheckpointMetadata.from_json(text, "file:///b/job/chk-1/_metadata").key_hash \
         == "blake2b"
-    bad = text.replace('"epoch"', '"key_hash":"md5","epoch"')
+    named = text.replace('"epoch"', '"key_hash":"md5","epoch"')
+    with pytest.raises(HandleError, match="version 2 and only it names a key hash"):
+        CheckpointMetadata.from_json(named, "file:///b/job/chk-1/_metadata")
+    bad = named.replace('"version":1', '"version":2')
     with pytest.raises(HandleError, match="unknown key hash 'md5'"):
         CheckpointMetadata.from_json(bad, "file:///b/job/chk-1/_metadata")
