@@ -5,7 +5,7 @@
 >>> stream.writeStream.foreachBatch(op).option("checkpointLocation", loc).start()  # doctest: +SKIP
 
 Each micro-batch is one checkpoint whose id is the batch id. The batch's rows are routed to
-``parallelism`` subtasks by key group (``stable_hash(key) % max_parallelism``, Flink's range
+``parallelism`` subtasks by key group (the job's key hash ``% max_parallelism``, Flink's range
 split); each subtask is a Spark task that applies the user's update function to its keys'
 state (a :class:`~dstl_ray.ChangelogKeyedStateBackend` cached in the Python worker), then
 persists its changes through the nearest node actor and returns its snapshot. The driver

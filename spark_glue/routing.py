@@ -4,10 +4,10 @@ Three steps, none of which pickles a row:
 
 1. **Map side** (:func:`splitter`, run by ``DataFrame.mapInArrow`` in a Spark Python worker):
    the input's Arrow record batches are split by operator subtask, gathered into chunks of
-   about a million rows (:func:`chunks`). The key group of a key is
-   ``stable_hash(key) % max_parallelism`` (:mod:`dstl_ray.keygroups`), computed once per
-   DISTINCT key of the chunk (``dictionary_encode``) and remembered by the worker for the
-   next batches (``KeyGroupCache``); the rows are reordered by subtask with
+   about a million rows (:func:`chunks`). The key group of a key is its hash under the
+   job's key hash ``% max_parallelism`` (:mod:`dstl_ray.key_hashes`), computed once per
+   DISTINCT key of the chunk (``dictionary_encode``; blake2b's remembered by the worker for
+   the next batches, ``KeyGroupCache``); the rows are reordered by subtask with
    one ``take`` and each subtask's slice leaves as one Arrow IPC stream in one output row
    ``(route, subtask, payload)``.
 2. **Shuffle in the JVM**: ``repartition(p, route)``. Spark hashes ``route`` with Murmur3
