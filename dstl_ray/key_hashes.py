@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import KeyGroupError
+from .errors import ConfigError, KeyGroupError
 from .keygroups import KeyGroupCache, assign_key_group, assign_key_groups, hash_input
 
 SPARK_PREFIX = "spark-xxhash64:"
@@ -148,6 +148,18 @@ def key_hash_name(value: KeyHash | str | None, default: str) -> str:
     if value is None:
         return default
     return key_hash_named(value).name if isinstance(value, str) else value.name
+
+
+def joined_key_hash(backends: Iterable[object], joining: object) -> str:
+    """The name of ``joining``'s key hash (a backend's, ``key_hash``: blake2b if it has
+    none), which a checkpoint of it and ``backends`` records: a
+    :class:`~dstl_ray.errors.ConfigError` if one of ``backends`` files keys by another."""
+    name = getattr(joining, "key_hash", BLAKE2B).name
+    other = {getattr(b, "key_hash", BLAKE2B).name for b in backends} - {name}
+    if other:
+        raise ConfigError(f"a backend filing keys by the key hash {name} cannot join backends "
+                          f"of {', '.join(sorted(other))}: their checkpoint names one hash")
+    return name
 
 
 def spark_key_hash(spark_type: str) -> KeyHash:

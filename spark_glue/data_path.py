@@ -48,19 +48,20 @@ class DataPath:
         thread (its default), so the spec set on the driver thread reaches the job's tasks."""
         return (spec.key_hash != BLAKE2B.name and not spec.initial_columns
                 and (self.combine is None or isinstance(self.combine, Mapping))
-                and os.environ.get("PYSPARK_PIN_THREAD", "true").lower() != "false")
+                and os.environ.get("PYSPARK_PIN_THREAD", "true").lower() == "true")
 
     def run(self, df: Any, spec: TaskSpec, placement: Placement, initial_df: Any
             ) -> list[dict[str, Any]]:
         """Every subtask's result (spark_glue.worker) for micro-batch ``df`` (``initial_df``:
         the initial state's rows, when ``spec`` loads them)."""
         p = spec.parallelism
-        if self.jvm_routed(spec):
-            columns = tuple(df.columns)
-            if self.key not in columns or {SALT, ROUTE_COL} & set(columns):
-                raise ConfigError(f"the micro-batch's columns {list(columns)} must hold the "
-                                  f"key column {self.key!r} and neither {SALT!r} nor "
-                                  f"{ROUTE_COL!r}")
+        columns = tuple(df.columns) if self.jvm_routed(spec) else ()
+        if columns and self.key not in columns:
+            raise ConfigError(f"key column {self.key!r} is not in the micro-batch's columns "
+                              f"{list(columns)}")
+        # (Spark matches names regardless of case: a column of the route's own names would
+        # be replaced; such a batch goes the Python way)
+        if columns and not {SALT, ROUTE_COL} & {c.lower() for c in columns}:
             combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
             got = self._runner.run(
                 self._jvm_plan.routed(df, self.key, spec.max_parallelism, p, combine),

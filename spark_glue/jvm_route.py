@@ -162,7 +162,7 @@ def salted_exchange(plan: str, parallelism: int) -> bool:
     into ``parallelism`` partitions: Spark leaves an exchange out when its input is already
     partitioned to suit the grouping (a single partition suits any), and the rows would then
     not be in their subtasks' partitions."""
-    return re.search(rf"Exchange hashpartitioning\([^)]*\b{SALT}#\d+, {parallelism}\)",
+    return re.search(rf"Exchange hashpartitioning\([^\n]*?\b{SALT}#\d+, {parallelism}\)",
                      plan) is not None
 
 

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from ..errors import CheckpointDeclinedError, DstlError
-from ..key_hashes import BLAKE2B, key_hash_name
+from ..key_hashes import BLAKE2B, joined_key_hash
 from ..state.backend import ChangelogKeyedStateBackend
 from ..state.registry import SharedStateRegistry
 from ..state.snapshot import KeyedStateSnapshot
@@ -147,7 +147,8 @@ class CheckpointCoordinator:
         backend.set_incarnation(str(self.incarnation))
         backend.attach_registry(self.registry)
         claim_backend_dir(self.registry, backend)
-        with self._lock:
+        with self._lock:  # (its checkpoints record the backends' one key hash)
+            self.key_hash = joined_key_hash(self.backends, backend)
             self.backends.append(backend)
 
     def unregister_backend(self, backend: ChangelogKeyedStateBackend) -> None:
@@ -347,7 +348,6 @@ class CheckpointCoordinator:
         corrupt is skipped for the next older retained one; otherwise the error names both.
         Orphans are cleaned by the restore that starts this run (takes the lease) only: a
         later one (another operator) would delete this run's live files."""
-        self.key_hash = key_hash_name(backend_options.get("key_hash"), self.key_hash)  # backends'
         took = self.lease.incarnation is None
         self.incarnation  # noqa: B018 - the job's lease first: never clean another's files
         try:

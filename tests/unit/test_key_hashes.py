@@ -110,6 +110,13 @@ def test_a_backend_files_and_restores_keys_by_its_hash(tmp_path):
     with pytest.raises(ConfigError, match="key hash spark-xxhash64:string, the job uses "
                                           "blake2b"):
         restore_backends(client("job", base), cc, "op", 2, MAXP)
+    # a backend of another hash cannot join: the checkpoint names one
+    coord2 = d.CheckpointCoordinator("job2", base, max_parallelism=MAXP)
+    coord2.restore(client("job2", base), "a", 1, key_hash=kind, materialization_interval=None)
+    assert coord2.key_hash == kind.name
+    with pytest.raises(ConfigError, match="cannot join backends of spark-xxhash64:string"):
+        coord2.restore(client("job2", base), "b", 1, materialization_interval=None)
+    coord2.shutdown()
     coord.shutdown()
 
 

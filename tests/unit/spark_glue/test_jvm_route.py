@@ -18,3 +18,14 @@ def test_the_salt_makes_sparks_hash_the_subtask(seed, parallelism, data):
     signed_salt = salt - (1 << 32) if salt >= 1 << 31 else salt
     h = spark_hash_int(signed_salt, seed)  # (the seed's 32 bits, as Spark's int holds them)
     assert h == subtask  # so pmod(h, parallelism) is the subtask
+
+
+def test_the_plan_check_finds_the_exchange_by_key_and_salt_only():
+    from spark_glue.jvm_route import salted_exchange
+
+    line = "+- Exchange hashpartitioning({}, _dstl_salt#5, 4), ENSURE_REQUIREMENTS, [plan_id=3]"
+    assert salted_exchange(line.format("user#1"), 4)
+    assert salted_exchange(line.format("lower(u)#1L"), 4)  # a key named with parentheses
+    assert not salted_exchange(line.format("user#1"), 3)  # into another count of partitions
+    assert not salted_exchange("Exchange hashpartitioning(user#1, 4)\n _dstl_salt#5, 4)", 4)
+    assert not salted_exchange("Exchange hashpartitioning(u#1, x_dstl_salt#5, 4)", 4)
