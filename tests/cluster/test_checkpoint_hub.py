@@ -5,6 +5,9 @@ under the same name, and the job's state reads back exactly."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -65,6 +68,11 @@ def test_hosts_on_two_nodes_checkpoint_through_the_hub_and_one_restarts(
             assert hub.checkpoint(n, ["host-0", "host-1"]).checkpoint_id == n
         ray.get([h.put.remote(keys, 3) for h in hosts])  # lost with host 1
         ray.kill(hosts[1])
+        # (ray.kill returns before the actor is gone: until then it may still answer)
+        with pytest.raises(ray.exceptions.RayActorError):
+            for _ in range(200):
+                ray.get(hosts[1].dump.remote(), timeout=30)
+                time.sleep(0.05)
         try:
             hub.checkpoint(3, ["host-0", "host-1"], timeout_s=30)
             raise AssertionError("a checkpoint without host-1 completed")
