@@ -26,7 +26,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .errors import ConfigError, KeyGroupError
-from .keygroups import KeyGroupCache, assign_key_group, assign_key_groups, hash_input
+from .keygroups import (
+    KeyGroupCache,
+    assign_key_group,
+    assign_key_groups,
+    hash_input,
+    key_group_and_input,
+)
 
 SPARK_PREFIX = "spark-xxhash64:"
 SPARK_SEED = 42  # Spark's hash expressions' seed
@@ -44,6 +50,10 @@ class KeyHash(Protocol):
 
     def key_groups(self, keys: Sequence[object], max_parallelism: int) -> list[int]:
         """:meth:`key_group` of every key, in order."""
+        ...
+
+    def group_and_input(self, key: object, max_parallelism: int) -> tuple[int, bytes]:
+        """:meth:`groups_and_inputs` of one key (every per-key state access asks)."""
         ...
 
     def groups_and_inputs(self, keys: Iterable[object], max_parallelism: int
@@ -65,6 +75,9 @@ class Blake2bKeyHash:
 
     def key_groups(self, keys: Sequence[object], max_parallelism: int) -> list[int]:
         return KeyGroupCache.of(max_parallelism).key_groups(keys)
+
+    def group_and_input(self, key: object, max_parallelism: int) -> tuple[int, bytes]:
+        return key_group_and_input(key, max_parallelism)
 
     def groups_and_inputs(self, keys: Iterable[object], max_parallelism: int
                           ) -> list[tuple[int, bytes]]:
@@ -127,6 +140,9 @@ class SparkXxHash64:
     def key_groups(self, keys: Sequence[object], max_parallelism: int) -> list[int]:
         return [self.key_group(k, max_parallelism) for k in keys]
 
+    def group_and_input(self, key: object, max_parallelism: int) -> tuple[int, bytes]:
+        return self.key_group(key, max_parallelism), hash_input(key)
+
     def groups_and_inputs(self, keys: Iterable[object], max_parallelism: int
                           ) -> list[tuple[int, bytes]]:
         return [(self.key_group(k, max_parallelism), hash_input(k)) for k in keys]
@@ -141,13 +157,6 @@ def key_hash_named(name: object) -> KeyHash:
         return SparkXxHash64(name[len(SPARK_PREFIX):])
     raise KeyGroupError(f"unknown key hash {name!r}: expected {BLAKE2B.name!r} or "
                         f"{SPARK_PREFIX}<{'|'.join(SPARK_KEY_TYPES)}>")
-
-
-def key_hash_name(value: KeyHash | str | None, default: str) -> str:
-    """The name of ``value`` (a :class:`KeyHash` or a name, checked), ``default`` if None."""
-    if value is None:
-        return default
-    return key_hash_named(value).name if isinstance(value, str) else value.name
 
 
 def joined_key_hash(backends: Iterable[object], joining: object) -> str:

@@ -93,8 +93,7 @@ class CheckpointMetadata:
         named = self.key_hash != BLAKE2B.name  # (an older reader refuses version 2 whole)
         head: dict[str, object] = {
             "type": "dstl-checkpoint", "version": KEY_HASH_VERSION if named else METADATA_VERSION,
-            "job": self.job_id,
-            "id": self.checkpoint_id, "kind": self.kind,
+            "job": self.job_id, "id": self.checkpoint_id, "kind": self.kind,
             "max_parallelism": self.max_parallelism, "timestamp": self.timestamp,
             "epoch": self.epoch}
         if named:

@@ -91,10 +91,11 @@ def assign_sources(checkpoint: CompletedCheckpoint, operator_id: str, parallelis
 
 
 def check_key_hash(checkpoint: CompletedCheckpoint, key_hash: str) -> None:
-    """A :class:`RestoreError` unless ``checkpoint`` was written under ``key_hash`` (the
+    """A :class:`ConfigError` unless ``checkpoint`` was written under ``key_hash`` (the
     restoring job's, dstl_ray.key_hashes): under another hash its keys would be looked up in
-    other key groups than their state is in, and the state would seem gone."""
-    if checkpoint.metadata.key_hash != key_hash:  # (not a RestoreError: no fallback skips it)
+    other key groups than their state is in, and the state would seem gone. Not a
+    :class:`RestoreError`: a restore with ``fallback`` must not skip to older checkpoints."""
+    if checkpoint.metadata.key_hash != key_hash:
         raise ConfigError(f"checkpoint {checkpoint.metadata_url} files keys by the key hash "
                           f"{checkpoint.metadata.key_hash}, the job uses {key_hash}: its "
                           f"state would not be found under the job's keys")

@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import KeyGroupError, StateError
-from ..key_hashes import BLAKE2B
-from ..keygroups import assign_key_group, key_group_and_input
 from .records import (
     Op,
     StateKind,
@@ -48,13 +46,10 @@ class _State:
             ref = b._refs.get(key)
             if ref is not None:
                 return ref
-        h = b.key_hash
         if (t is int or t is str) and type(b._ser) is TaggedSerializer:
-            ref = (key_group_and_input(key, b.max_parallelism) if h is BLAKE2B
-                   else h.groups_and_inputs((key,), b.max_parallelism)[0])
-        else:  # (the input is the encoding of an int or a str key, not of others)
-            ref = (assign_key_group(key, b.max_parallelism) if h is BLAKE2B
-                   else h.key_group(key, b.max_parallelism)), b._ser.serialize(key)
+            ref = b.key_hash.group_and_input(key, b.max_parallelism)  # input: its encoding
+        else:
+            ref = b.key_hash.key_group(key, b.max_parallelism), b._ser.serialize(key)
         kg, r = ref[0], b.key_group_range
         if not r.start <= kg <= r.end:
             raise KeyGroupError(f"key {key!r} is in key group {kg}, outside this backend's "
