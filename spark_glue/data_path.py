@@ -25,7 +25,7 @@ from dstl_ray.errors import ConfigError
 from dstl_ray.key_hashes import BLAKE2B
 
 from .combine import Combine
-from .jvm_route import ROUTE_COL, SALT, JvmRoutePlan
+from .jvm_route import ROUTE_COL, SALT, SALT_MIX, JvmRoutePlan
 from .jvm_tasks import SubtaskRunner
 from .placement import Placement
 from .route_plan import RoutePlan, route
@@ -61,7 +61,7 @@ class DataPath:
                               f"{list(columns)}")
         # (Spark matches names regardless of case: a column of the route's own names would
         # be replaced; such a batch goes the Python way)
-        if columns and not {SALT, ROUTE_COL} & {c.lower() for c in columns}:
+        if columns and not {SALT, SALT_MIX, ROUTE_COL} & {c.lower() for c in columns}:
             combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
             got = self._runner.run(
                 self._jvm_plan.routed(df, self.key, spec.max_parallelism, p, combine),

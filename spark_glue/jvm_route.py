@@ -14,7 +14,7 @@ The routing is in the shuffle Spark makes anyway:
   key only (so the groups are the key's), is chosen per row so that this hash IS the row's
   subtask: Murmur3's steps are invertible, so from ``murmur3(key, 42)`` (Spark's
   ``hash(key)``) and the subtask, ``salt`` follows in a few multiplications, rotations and
-  xors mod 2**32 (:func:`salt_constant`, :func:`salt_column`). Partition ``i`` of the
+  xors mod 2**32 (:func:`salt_constant`, :func:`salt_columns`). Partition ``i`` of the
   aggregation is subtask ``i``'s rows, so the partial aggregation, its shuffle, the final
   aggregation and the state work run in two stages, as Spark's own ``groupBy().agg()`` with
   its state store does, where routing in Python took a stage more (the splitter's
@@ -36,7 +36,7 @@ from typing import Any
 
 from .routing import quoted, route_values
 
-SALT, ROUTE_COL = "_dstl_salt", "_dstl_jvm_route"
+SALT, SALT_MIX, ROUTE_COL = "_dstl_salt", "_dstl_salt_mix", "_dstl_jvm_route"
 _M32, _C1, _C2 = 0xFFFFFFFF, 0xCC9E2D51, 0x1B873593
 
 
@@ -66,19 +66,31 @@ def salt_constant(subtask: int) -> int:
 
 
 def salt_of(seed: int, subtask: int) -> int:
-    """The salt (unsigned 32-bit) :func:`salt_column` computes for a row whose key's
+    """The salt (unsigned 32-bit) :func:`salt_columns` computes for a row whose key's
     ``hash`` is ``seed`` (unsigned 32-bit): the Python twin the unit tests check against
     :func:`spark_glue.routing.spark_hash_int`."""
     k1 = seed ^ salt_constant(subtask)
     return _rotr(k1 * _inverse(_C2) & _M32, 15) * _inverse(_C1) & _M32
 
 
-def _times(F: Any, a: Any, b: int) -> Any:  # noqa: N803 - pyspark.sql.functions
-    """``a * b mod 2**32`` of a bigint column ``a`` in 0..2**32-1 and a constant ``b``, in
-    bigint steps that never overflow (so ANSI mode has nothing to refuse)."""
-    lo, hi = b & 0xFFFF, b >> 16
-    return F.pmod(a * F.lit(lo) + F.shiftleft(F.pmod(a * F.lit(hi), F.lit(1 << 16)), 16),
-                  F.lit(1 << 32))
+def _int32(u: int) -> int:
+    """The signed 32-bit int whose bits are ``u`` (0..2**32-1), as a Java int holds them."""
+    return u - (1 << 32) if u >= 1 << 31 else u
+
+
+def _wrapping_times(a: Any, b: int) -> Any:
+    """``a * b`` of an int column and a constant, wrapping at 32 bits as Java's int
+    multiplication does (Murmur3's own arithmetic), whatever ``spark.sql.ansi.enabled``:
+    Catalyst's ``Multiply`` in LEGACY mode, made in the JVM, where the DataFrame API's ``*``
+    would take the session's mode and ANSI refuse the overflow."""
+    from pyspark import SparkContext
+    from pyspark.sql import functions as F
+    from pyspark.sql.column import Column
+
+    jvm = SparkContext._active_spark_context._jvm  # type: ignore[union-attr]
+    x = jvm.org.apache.spark.sql.catalyst.expressions
+    product = x.Multiply(a._jc.expr(), F.lit(_int32(b))._jc.expr(), x.EvalMode.LEGACY())
+    return Column(jvm.org.apache.spark.sql.Column(product))
 
 
 def subtask_column(key: str, max_parallelism: int, parallelism: int) -> Any:
@@ -90,27 +102,31 @@ def subtask_column(key: str, max_parallelism: int, parallelism: int) -> Any:
     return F.floor(kg * F.lit(parallelism) / F.lit(max_parallelism)).cast("int")
 
 
-def salt_column(key: str, max_parallelism: int, parallelism: int) -> Any:
-    """Each row's salt (an int column): ``hash(key, salt)``, the aggregation's partitioning
-    hash, is the row's subtask (:func:`salt_of`, in SQL)."""
+def salt_columns(key: str, max_parallelism: int, parallelism: int) -> tuple[Any, Any]:
+    """Each row's salt (:func:`salt_of`, in SQL, in Java's int arithmetic): ``hash(key,
+    salt)``, the aggregation's partitioning hash, is the row's subtask. Two columns, to be
+    added in turn: :data:`SALT_MIX`, the key's hash xor the subtask's constant times
+    ``C2``'s inverse, then :data:`SALT` from it. The rotation between reads its input twice:
+    as a column of its own (Spark keeps a projection that an expensive expression is read
+    twice from), the key is hashed once per row and the plan stays small; written as one
+    expression it grows with every reuse, and so does Spark's time to analyse, optimize and
+    print the plan and to run it."""
     from pyspark.sql import functions as F
 
-    seed = F.pmod(F.hash(F.col(quoted(key))).cast("bigint"), F.lit(1 << 32))
-    consts = F.array(*[F.lit(salt_constant(i)) for i in range(parallelism)])
+    consts = F.array(*[F.lit(_int32(salt_constant(i))) for i in range(parallelism)])
     sub = subtask_column(key, max_parallelism, parallelism)
-    k1 = seed.bitwiseXOR(F.element_at(consts, sub + 1).cast("bigint"))
-    t = _times(F, k1, _inverse(_C2))
-    t = F.shiftright(t, 15).bitwiseOR(F.pmod(F.shiftleft(t, 17), F.lit(1 << 32)))
-    t = _times(F, t, _inverse(_C1))
-    return F.when(t >= F.lit(1 << 31), t - F.lit(1 << 32)).otherwise(t).cast("int")
+    k1 = F.hash(F.col(quoted(key))).bitwiseXOR(F.element_at(consts, sub + 1))
+    mixed = F.col(SALT_MIX)
+    rotated = F.shiftrightunsigned(mixed, 15).bitwiseOR(F.shiftleft(mixed, 17))
+    return _wrapping_times(k1, _inverse(_C2)), _wrapping_times(rotated, _inverse(_C1))
 
 
 class JvmRoutePlan:
     """The JVM objects of one operator's routing, made once per Spark context and routing
     parameters: each ``F`` function a column expression calls is a round trip to the driver
     JVM (the salt alone takes about 40), so a batch's plan takes only the steps' own calls
-    (``withColumn``, ``groupBy``/``agg`` or ``repartition``, ``drop``), as
-    :class:`spark_glue.route_plan.RoutePlan` does for the Python route."""
+    (``withColumn`` twice, ``groupBy``/``agg``, ``drop``; or ``withColumn``, ``repartition``,
+    ``drop``), as :class:`spark_glue.route_plan.RoutePlan` does for the Python route."""
 
     def __init__(self) -> None:
         self._sc: Any = None
@@ -140,14 +156,16 @@ class JvmRoutePlan:
                         _to_seq(sc, [F.col(ROUTE_COL)._jc]))
             else:
                 aggs = [expr.alias(name)._jc for name, expr in items]
-                made = (salt_column(key, max_parallelism, parallelism)._jc,
+                mix, salt = salt_columns(key, max_parallelism, parallelism)
+                made = (mix._jc, salt._jc,
                         _to_seq(sc, [F.col(quoted(key))._jc, F.col(SALT)._jc]), aggs[0],
                         _to_seq(sc, aggs[1:]), items)
             self._made[params] = made
         if items is None:
             jdf = df._jdf.withColumn(ROUTE_COL, made[0]).repartition(parallelism, made[1])
             return DataFrame(jdf.drop(ROUTE_COL), df.sparkSession)
-        jdf = df._jdf.withColumn(SALT, made[0]).groupBy(made[1]).agg(made[2], made[3])
+        jdf = (df._jdf.withColumn(SALT_MIX, made[0]).withColumn(SALT, made[1])
+               .groupBy(made[2]).agg(made[3], made[4]))
         return DataFrame(jdf.drop(SALT), df.sparkSession)
 
 
