@@ -50,6 +50,15 @@ class DataPath:
                 and (self.combine is None or isinstance(self.combine, Mapping))
                 and os.environ.get("PYSPARK_PIN_THREAD", "true").lower() == "true")
 
+    def clashes(self, columns: tuple[str, ...]) -> bool:
+        """Whether a batch of ``columns`` has one named like a column the JVM route adds, or
+        the combiner mapping an output so (in any case: Spark matches names regardless of
+        case): the batch's would be replaced by the route's before the combiner reads it,
+        the combiner's dropped with the salt; such a batch goes the Python way."""
+        outputs = self.combine if isinstance(self.combine, Mapping) else ()
+        named = {c.lower() for c in (*columns, *outputs)}
+        return bool({SALT, SALT_MIX, ROUTE_COL} & named)
+
     def run(self, df: Any, spec: TaskSpec, placement: Placement, initial_df: Any
             ) -> list[dict[str, Any]]:
         """Every subtask's result (spark_glue.worker) for micro-batch ``df`` (``initial_df``:
@@ -59,9 +68,7 @@ class DataPath:
         if columns and self.key not in columns:
             raise ConfigError(f"key column {self.key!r} is not in the micro-batch's columns "
                               f"{list(columns)}")
-        # (Spark matches names regardless of case: a column of the route's own names would
-        # be replaced; such a batch goes the Python way)
-        if columns and not {SALT, SALT_MIX, ROUTE_COL} & {c.lower() for c in columns}:
+        if columns and not self.clashes(columns):
             combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
             got = self._runner.run(
                 self._jvm_plan.routed(df, self.key, spec.max_parallelism, p, combine),

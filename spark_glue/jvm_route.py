@@ -108,9 +108,9 @@ def salt_columns(key: str, max_parallelism: int, parallelism: int) -> tuple[Any,
     added in turn: :data:`SALT_MIX`, the key's hash xor the subtask's constant times
     ``C2``'s inverse, then :data:`SALT` from it. The rotation between reads its input twice:
     as a column of its own (Spark keeps a projection that an expensive expression is read
-    twice from), the key is hashed once per row and the plan stays small; written as one
-    expression it grows with every reuse, and so does Spark's time to analyse, optimize and
-    print the plan and to run it."""
+    twice from), the key's two hashes are computed once per row and the plan stays small;
+    written as one expression it doubles with every reuse, and so does Spark's time to
+    analyse, optimize and print the plan and to run it."""
     from pyspark.sql import functions as F
 
     consts = F.array(*[F.lit(_int32(salt_constant(i))) for i in range(parallelism)])
@@ -124,7 +124,7 @@ def salt_columns(key: str, max_parallelism: int, parallelism: int) -> tuple[Any,
 class JvmRoutePlan:
     """The JVM objects of one operator's routing, made once per Spark context and routing
     parameters: each ``F`` function a column expression calls is a round trip to the driver
-    JVM (the salt alone takes about 40), so a batch's plan takes only the steps' own calls
+    JVM (the salt alone takes dozens), so a batch's plan takes only the steps' own calls
     (``withColumn`` twice, ``groupBy``/``agg``, ``drop``; or ``withColumn``, ``repartition``,
     ``drop``), as :class:`spark_glue.route_plan.RoutePlan` does for the Python route."""
 

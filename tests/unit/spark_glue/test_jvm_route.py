@@ -29,3 +29,15 @@ def test_the_plan_check_finds_the_exchange_by_key_and_salt_only():
     assert not salted_exchange(line.format("user#1"), 3)  # into another count of partitions
     assert not salted_exchange("Exchange hashpartitioning(user#1, 4)\n _dstl_salt#5, 4)", 4)
     assert not salted_exchange("Exchange hashpartitioning(u#1, x_dstl_salt#5, 4)", 4)
+
+
+def test_a_batch_or_combiner_naming_a_column_like_the_routes_goes_the_python_way():
+    from spark_glue.data_path import DataPath
+
+    plain = DataPath("user", {"n": object()})
+    assert not plain.clashes(("user", "amount"))
+    for name in ("_dstl_salt", "_DSTL_SALT_MIX", "_Dstl_Jvm_Route"):
+        assert plain.clashes(("user", name)), name  # the route's would replace it
+        assert DataPath("user", {name: object()}).clashes(("user", "amount")), name
+    assert not DataPath("user", None).clashes(("user", "_dstl_salty"))
+    assert not DataPath("user", lambda pdf: pdf).clashes(("user", "amount"))
