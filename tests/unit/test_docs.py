@@ -44,6 +44,8 @@ FOREIGN = {
     "Row": "pyspark.sql",
     "StructType": "pyspark.sql.types",
     "FileStreamSink": "Spark (Structured Streaming's file sink)",
+    "LogicalRDD": "Spark (the plan node of a foreachBatch micro-batch)",
+    "Multiply": "Spark (Catalyst's multiplication, which the JVM route builds in LEGACY mode)",
 }
 FOREIGN_PATHS = {"tests/abstract"}  # fsspec's conformance tests
 
