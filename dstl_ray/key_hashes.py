@@ -145,7 +145,7 @@ class SparkXxHash64:
 
     def groups_and_inputs(self, keys: Iterable[object], max_parallelism: int
                           ) -> list[tuple[int, bytes]]:
-        return [(self.key_group(k, max_parallelism), hash_input(k)) for k in keys]
+        return [self.group_and_input(k, max_parallelism) for k in keys]
 
 
 def key_hash_named(name: object) -> KeyHash:

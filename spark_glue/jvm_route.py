@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from .routing import quoted, route_values
+from .routing import int32, quoted, route_values
 
 SALT, SALT_MIX, ROUTE_COL = "_dstl_salt", "_dstl_salt_mix", "_dstl_jvm_route"
 _M32, _C1, _C2 = 0xFFFFFFFF, 0xCC9E2D51, 0x1B873593
@@ -73,11 +73,6 @@ def salt_of(seed: int, subtask: int) -> int:
     return _rotr(k1 * _inverse(_C2) & _M32, 15) * _inverse(_C1) & _M32
 
 
-def _int32(u: int) -> int:
-    """The signed 32-bit int whose bits are ``u`` (0..2**32-1), as a Java int holds them."""
-    return u - (1 << 32) if u >= 1 << 31 else u
-
-
 def _wrapping_times(a: Any, b: int) -> Any:
     """``a * b`` of an int column and a constant, wrapping at 32 bits as Java's int
     multiplication does (Murmur3's own arithmetic), whatever ``spark.sql.ansi.enabled``:
@@ -89,7 +84,7 @@ def _wrapping_times(a: Any, b: int) -> Any:
 
     jvm = SparkContext._active_spark_context._jvm  # type: ignore[union-attr]
     x = jvm.org.apache.spark.sql.catalyst.expressions
-    product = x.Multiply(a._jc.expr(), F.lit(_int32(b))._jc.expr(), x.EvalMode.LEGACY())
+    product = x.Multiply(a._jc.expr(), F.lit(int32(b))._jc.expr(), x.EvalMode.LEGACY())
     return Column(jvm.org.apache.spark.sql.Column(product))
 
 
@@ -113,7 +108,7 @@ def salt_columns(key: str, max_parallelism: int, parallelism: int) -> tuple[Any,
     analyse, optimize and print the plan and to run it."""
     from pyspark.sql import functions as F
 
-    consts = F.array(*[F.lit(_int32(salt_constant(i))) for i in range(parallelism)])
+    consts = F.array(*[F.lit(int32(salt_constant(i))) for i in range(parallelism)])
     sub = subtask_column(key, max_parallelism, parallelism)
     k1 = F.hash(F.col(quoted(key))).bitwiseXOR(F.element_at(consts, sub + 1))
     mixed = F.col(SALT_MIX)

@@ -48,6 +48,11 @@ def quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def int32(u: int) -> int:
+    """The signed 32-bit int whose bits are ``u`` (0..2**32-1), as a Java int holds them."""
+    return u - (1 << 32) if u & 0x80000000 else u
+
+
 def spark_hash_int(value: int, seed: int = 42) -> int:
     """Spark SQL's ``hash()`` of an IntegerType value: Murmur3_x86_32 ``hashInt`` with seed
     42, as a signed 32-bit int (what its hash partitioning reduces modulo the partitions)."""
@@ -61,7 +66,7 @@ def spark_hash_int(value: int, seed: int = 42) -> int:
     h ^= h >> 13
     h = h * 0xC2B2AE35 & _M32
     h ^= h >> 16
-    return h - (1 << 32) if h & 0x80000000 else h
+    return int32(h)
 
 
 def route_values(parallelism: int) -> tuple[int, ...]:
