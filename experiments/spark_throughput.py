@@ -350,6 +350,12 @@ def main() -> None:
     keys = [int(x) for x in args.keys.split(",") if x] or (
         [1_000, 100_000] if args.quick else [1_000, 100_000, 1_000_000])
     systems = [int(x) for x in args.systems.split(",") if x] or list(range(len(SYSTEMS)))
+    unknown = [s for s in systems if not 0 <= s < len(SYSTEMS)]
+    if unknown or len(set(systems)) != len(systems):
+        # an index past the list would run the native aggregation again, on the checkpoint
+        # of its first run: a query with nothing to do, waited on for an hour
+        p.error(f"--systems: {args.systems!r} names a system twice or one of none "
+                f"(0-{len(SYSTEMS) - 1}: {', '.join(SYSTEMS)})")
     sizes = [(e, k) for e in events for k in keys]
     # read before the run: a bad file must not cost the measurements
     earlier = json.loads(Path(args.keep_from).read_text()) if args.keep_from else None

@@ -3,6 +3,8 @@ and ratios from them): pure logic over made-up runs."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -65,3 +67,16 @@ def test_one_round_keeps_the_single_run_rows():
     assert all("rounds_batch_ms_p50" not in x for x in rows)
     r = size_ratios(runs, 1000, 10)
     assert r["per_key_combine_over_native_agg"] == pytest.approx(0.6) and "per_round" not in r
+
+
+@pytest.mark.parametrize("systems", [f"3,{len(SYSTEMS)}", "3,3", "-1"])
+def test_spark_throughput_refuses_a_system_it_does_not_have(monkeypatch, capsys, systems):
+    # (an index past the list once ran the native aggregation again on its first run's
+    # checkpoint: a query with nothing to read, waited on for an hour)
+    from experiments import spark_throughput
+
+    monkeypatch.setattr(sys, "argv", ["spark_throughput", "--systems", systems])
+    with pytest.raises(SystemExit) as exited:
+        spark_throughput.main()
+    assert exited.value.code == 2
+    assert "--systems" in capsys.readouterr().err
