@@ -71,7 +71,9 @@ class DataPath:
         if columns and not self.clashes(columns):
             combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
             got = self._runner.run(
-                self._jvm_plan.routed(df, self.key, spec.max_parallelism, p, combine),
+                df, lambda: self._jvm_plan.routed(df, self.key, spec.max_parallelism, p,
+                                                  combine),
+                (spec.max_parallelism, columns),
                 columns if combine is None else (self.key, *combine), spec, placement,
                 salted=combine is not None)
             if got is not None:

@@ -15,9 +15,10 @@ earlier job (a zombie of a failed stage attempt) never sees a later batch's spec
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any
 
+from .batch_plans import BatchPlanCache
 from .jvm_route import planned, salted_exchange
 from .placement import Placement
 from .routing import quoted
@@ -55,20 +56,25 @@ class SubtaskRunner:
         self._sc: Any = None
         self._udf: Any = None
         self._calls: dict[tuple[str, ...], Any] = {}
+        self._plans = BatchPlanCache()
 
-    def run(self, routed: Any, names: tuple[str, ...], spec: TaskSpec, placement: Placement,
-            salted: bool) -> list[dict[str, Any]] | None:
-        """Every subtask's result (spark_glue.worker) for the batch ``routed`` holds
-        (spark_glue.jvm_route, not yet planned; ``names``: its columns), in partition
-        order; None, with nothing run, when Spark planned a ``salted`` aggregation without
-        its exchange (:func:`~spark_glue.jvm_route.salted_exchange`)."""
+    def run(self, df: Any, routed: Callable[[], Any], params: Hashable,
+            names: tuple[str, ...], spec: TaskSpec, placement: Placement, salted: bool
+            ) -> list[dict[str, Any]] | None:
+        """Every subtask's result (spark_glue.worker) for micro-batch ``df``, whose rows
+        ``routed()`` routes (spark_glue.jvm_route, not yet planned; ``names``: its columns;
+        ``params``: all the route depends on but ``df``), in partition order; None, with
+        nothing run, when Spark planned a ``salted`` aggregation without its exchange
+        (:func:`~spark_glue.jvm_route.salted_exchange`). A batch after the first is
+        planned from the first one's analysed plan where it can be
+        (spark_glue.batch_plans)."""
         from pyspark import cloudpickle
         from pyspark.rdd import PythonEvalType
         from pyspark.serializers import CPickleSerializer
         from pyspark.sql.functions import col
         from pyspark.sql.pandas.functions import pandas_udf
 
-        session = routed.sparkSession
+        session = df.sparkSession
         sc = session.sparkContext
         if self._sc is not sc:
             self._sc, self._calls = sc, {}
@@ -79,8 +85,14 @@ class SubtaskRunner:
         if call is None:
             call = self._calls[names] = self._udf(*[col(quoted(c)) for c in names])._jc.expr()
         p = spec.parallelism
+        frames: list[Any] = []  # the routed DataFrame, when this batch built it
+
+        def build() -> Any:
+            frames.append(routed())
+            return frames[0]._jdf.pythonMapInArrow(call, False)
+
+        jdf = self._plans.plan(df, (params, names, p, salted), build)
         with planned(session, p):
-            jdf = routed._jdf.pythonMapInArrow(call, False)
             jrdd = jdf.javaToPython()
             if salted and not salted_exchange(
                     jdf.queryExecution().executedPlan().toString(), p):
@@ -88,11 +100,12 @@ class SubtaskRunner:
             if jrdd.getNumPartitions() != p:
                 # a batch Spark knows to be empty (an empty local relation) is planned
                 # without partitions: every subtask still runs, on no rows
-                if not routed.isEmpty():
+                frame = frames[0] if frames else routed()
+                if not frame.isEmpty():
                     raise RuntimeError(f"batch {spec.batch_id}: Spark planned the routed "
                                        f"rows in {jrdd.getNumPartitions()} partitions, not "
                                        f"{p}")
-                none = session.createDataFrame(sc.parallelize([], p), routed.schema)
+                none = session.createDataFrame(sc.parallelize([], p), frame.schema)
                 jrdd = none._jdf.pythonMapInArrow(call, False).javaToPython()
         sc.setLocalProperty(SPEC_PROPERTY, base64.b64encode(cloudpickle.dumps(spec)).decode())
         try:

@@ -149,3 +149,48 @@ def test_a_column_named_like_the_routes_own_stays_the_users(spark, tree_factory,
         assert o.coordinator.latest_checkpoint().metadata.key_hash == "spark-xxhash64:string"
     finally:
         o.close()
+
+
+def add_rows(keys, rows, state):
+    agg = rows.groupby("user", sort=False, dropna=False)["amount"].agg(["size", "sum"])
+    state.value("count").set(state.value("count").get(0) + agg["size"].to_numpy())
+    state.value("sum").set(state.value("sum").get(0) + agg["sum"].to_numpy())
+
+
+@pytest.mark.parametrize("combined", [False, True])
+def test_a_streams_later_batches_are_planned_from_its_first(spark, tree_factory, namespace,
+                                                            tmp_path, combined):
+    """foreachBatch hands every batch over as a LogicalRDD of the query's output: from the
+    second batch on, the route's analysed plan is the first batch's on the batch's own leaf
+    (spark_glue.batch_plans), and every row still reaches its key group's subtask (a row
+    in another subtask fails at its state access)."""
+    tree_factory(persist_delay_s=0.02)
+    src = tmp_path / "in"
+    src.mkdir()
+    want: dict[str, dict] = {"count": {}, "sum": {}}
+    for b in range(4):
+        rows = [(f"u{(i * 7) % 40}", i % 11) for i in range(b * 300, b * 300 + 300)]
+        (src / f"b{b}.json").write_text("".join(f'{{"user": "{u}", "amount": {a}}}\n'
+                                                for u, a in rows))
+        for u, a in rows:
+            want["count"][u] = want["count"].get(u, 0) + 1
+            want["sum"][u] = want["sum"].get(u, 0) + a
+    combine = {"n": F.count("*"), "total": F.sum("amount")} if combined else None
+    o = KeyedStatefulOperator(f"planned-once-{combined}", key="user",
+                              update=add if combined else add_rows, api="pandas",
+                              combine=combine, namespace=namespace, parallelism=3,
+                              max_parallelism=32, materialization_interval=0.0)
+    try:
+        q = (spark.readStream.schema("user STRING, amount LONG")
+             .option("maxFilesPerTrigger", 1).json(str(src))
+             .writeStream.foreachBatch(o).option("checkpointLocation", str(tmp_path / "chk"))
+             .start())
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+        assert [s.batch_id for s in o.history] == [0, 1, 2, 3]
+        assert o.state() == want
+        assert o._path._runner._plans.reused == 3  # every batch but the first
+    finally:
+        o.close()
