@@ -66,7 +66,7 @@ class SubtaskRunner:
         ``params``: all the route depends on but ``df``), in partition order; None, with
         nothing run, when Spark planned a ``salted`` aggregation without its exchange
         (:func:`~spark_glue.jvm_route.salted_exchange`). A batch after the first is
-        planned from the first one's analysed plan where it can be
+        planned from the analysed plan last built where it can be
         (spark_glue.batch_plans)."""
         from pyspark import cloudpickle
         from pyspark.rdd import PythonEvalType

@@ -7,6 +7,7 @@ before any task."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -159,7 +160,7 @@ def add_rows(keys, rows, state):
 
 @pytest.mark.parametrize("combined", [False, True])
 def test_a_streams_later_batches_are_planned_from_its_first(spark, tree_factory, namespace,
-                                                            tmp_path, combined):
+                                                            tmp_path, combined, caplog):
     """foreachBatch hands every batch over as a LogicalRDD of the query's output: from the
     second batch on, the route's analysed plan is the first batch's on the batch's own leaf
     (spark_glue.batch_plans), and every row still reaches its key group's subtask (a row
@@ -186,10 +187,12 @@ def test_a_streams_later_batches_are_planned_from_its_first(spark, tree_factory,
              .writeStream.foreachBatch(o).option("checkpointLocation", str(tmp_path / "chk"))
              .start())
         try:
-            q.processAllAvailable()
+            with caplog.at_level(logging.INFO, logger="spark_glue"):
+                q.processAllAvailable()
         finally:
             q.stop()
         assert [s.batch_id for s in o.history] == [0, 1, 2, 3]
+        assert "routed in Python" not in caplog.text  # each batch went the JVM way
         assert o.state() == want
         assert o._path._runner._plans.reused == 3  # every batch but the first
     finally:
