@@ -17,7 +17,8 @@ takes (absolute paths: each run starts in its worktree), and one experiment at a
 the machine.
 
 Figures are read from each run's ``<module>.json`` by :data:`FIGURES` (the rows of
-``spark_throughput`` the run measured, the checkpoint latencies of ``vs_flink``); another
+``spark_throughput`` the run measured, the checkpoint latencies of ``vs_flink``, each
+``large_state`` row's times, bytes and memory); another
 experiment needs an entry there.
 
 Run: python -m experiments.ab --base REV [--head REV] [--rounds 3] [--tolerance 0.1]
@@ -91,10 +92,32 @@ def vs_flink_figures(doc: dict[str, Any]) -> dict[str, Figure]:
     return out
 
 
+# large_state: each row's figures (all lower-is-better); Spark's own row is a control
+LARGE_STATE_FIGURES = ("ckpt_ms_p50", "ckpt_ms_p99", "mat_ms_p50", "mat_upload_bytes",
+                       "peak_rss_mb", "peak_rss_mb_per_executor", "recovery_s",
+                       "batch_ms_p50", "restart_first_batch_ms")
+
+
+def large_state_figures(doc: dict[str, Any]) -> dict[str, Figure]:
+    """Per backend row the run measured (a row kept from an earlier run, ``from_run``, is
+    not this run's): checkpoint p50/p99, materialization time and upload bytes, peak RSS,
+    recovery time, and the operator's update-batch and restart-first-batch times, each lower
+    is better; Spark's RocksDB store's row is a control. The long run's row too, as
+    ``rocksdb long``."""
+    rows = [r for r in doc.get("rows", []) if "from_run" not in r]
+    long_run = doc.get("long_run")
+    if isinstance(long_run, dict) and "from_run" not in long_run:
+        rows.append({**long_run, "backend": f"{long_run.get('backend')} long"})
+    return {f"{r['backend']} {name}{CONTROL if r['backend'].startswith('spark') else ''}":
+            Figure(float(r[name]) if r[name] is not None else math.nan, False)
+            for r in rows for name in LARGE_STATE_FIGURES if name in r}
+
+
 # experiment module -> its figures, from the JSON it writes
 FIGURES: dict[str, Callable[[dict[str, Any]], dict[str, Figure]]] = {
     "spark_throughput": spark_throughput_figures,
     "vs_flink": vs_flink_figures,
+    "large_state": large_state_figures,
 }
 
 

@@ -260,14 +260,17 @@ def run_operator_row(keys: int, rounds: int, work: str) -> dict[str, Any]:
 
 
 def _kept(path: str, runs: set[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The rows of an earlier run that are not run now, marked with its date, and its long
-    run."""
+    """The rows of an earlier run that are not run now, and its long run, each marked with
+    that run's date (``from_run``: experiments.ab counts only this run's figures)."""
     with open(path) as f:
         earlier = json.load(f)
     date = earlier.get("machine", {}).get("date", "?")
     rows = [{**r, "from_run": r.get("from_run", date)} for r in earlier["rows"]
             if ROW_OF.get(r["backend"], r["backend"]) not in runs]
-    return rows, earlier.get("long_run")
+    long_run = earlier.get("long_run")
+    if isinstance(long_run, dict):
+        long_run = {**long_run, "from_run": long_run.get("from_run", date)}
+    return rows, long_run
 
 
 ROW_OF = {"spark-rocksdb": "spark", "dstl-ray-operator-rocksdb": "operator"}

@@ -33,7 +33,13 @@ def fired_at(key, timer, state):
 
 
 def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_own(
-        spark, tree_factory, namespace, tmp_path):
+        spark, tree_factory, namespace, tmp_path, monkeypatch):
+    from pyspark.sql.streaming import listener
+
+    converted = []  # PySpark's conversion of an event into Python objects: ours skips it
+    real = listener.QueryProgressEvent.fromJObject
+    monkeypatch.setattr(listener.QueryProgressEvent, "fromJObject",
+                        staticmethod(lambda j: converted.append(j) or real(j)))
     tree_factory(persist_delay_s=0.02)
     src = tmp_path / "in"
     write_events(src, 2, 80, seed=12)
@@ -62,6 +68,7 @@ def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_o
         q.stop()
         op.close()
     assert sorted(progress) == [0, 1], sorted(progress)
+    assert converted == []  # the listener read the Java progress (spark_glue.progress)
     assert last["batchId"] == 1 and last["observedMetrics"][name] == op.history[-1].metrics()
     # (which file each batch read is Spark's choice: compared as multisets)
     users = [{json.loads(line)["user"] for line in f.read_text().splitlines()}

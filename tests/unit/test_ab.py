@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from experiments.ab import Figure, compare, main, spark_throughput_figures, vs_flink_figures
+from experiments.ab import (
+    Figure,
+    compare,
+    large_state_figures,
+    main,
+    spark_throughput_figures,
+    vs_flink_figures,
+)
+from experiments.large_state import _kept
 
 
 def test_ratios_are_oriented_by_which_way_is_better():
@@ -92,6 +100,32 @@ def test_figures_of_the_experiments_json():
         "dstl-ray even e2e_ms p50 @ 2 nodes": Figure(23.0, False),
         "Flink e2e_ms p50 @ 2 nodes (control)": Figure(14.0, False)}
 
+
+
+def test_large_state_figures_are_this_runs_rows_and_spark_is_a_control(tmp_path):
+    doc = {"rows": [{"backend": "rocksdb", "ckpt_ms_p50": 17.9, "recovery_s": 0.33,
+                     "peak_rss_mb": None},
+                    {"backend": "heap", "ckpt_ms_p50": 20.7, "from_run": "2026-11-24"},
+                    {"backend": "spark-rocksdb", "batch_ms_p50": 17149.0},
+                    {"backend": "dstl-ray-operator-rocksdb", "batch_ms_p50": 3945.0,
+                     "restart_first_batch_ms": 3833, "peak_rss_mb_per_executor": 7170.0}],
+           "long_run": {"backend": "rocksdb", "mat_ms_p50": 23.7}}
+    got = large_state_figures(doc)
+    nan = got.pop("rocksdb peak_rss_mb")
+    assert math.isnan(nan.value) and not nan.higher_is_better
+    assert got == {"rocksdb ckpt_ms_p50": Figure(17.9, False),
+                   "rocksdb recovery_s": Figure(0.33, False),
+                   "spark-rocksdb batch_ms_p50 (control)": Figure(17149.0, False),
+                   "dstl-ray-operator-rocksdb batch_ms_p50": Figure(3945.0, False),
+                   "dstl-ray-operator-rocksdb restart_first_batch_ms": Figure(3833.0, False),
+                   "dstl-ray-operator-rocksdb peak_rss_mb_per_executor": Figure(7170.0, False),
+                   "rocksdb long mat_ms_p50": Figure(23.7, False)}
+    # a run of some rows (--only) keeps the others and the long run, marked: not its figures
+    earlier = tmp_path / "large_state.json"
+    earlier.write_text(json.dumps({**doc, "machine": {"date": "2026-11-29 04:42:48"}}))
+    rows, long_run = _kept(str(earlier), {"operator"})
+    assert {r["backend"] for r in rows} == {"rocksdb", "heap", "spark-rocksdb"}
+    assert large_state_figures({"rows": rows, "long_run": long_run}) == {}
 
 TOY = '''"""A stand-in spark_throughput: rows from its own revision's dstl_ray package."""
 import json, os, sys

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from spark_glue.progress import PENDING, ProgressMetrics, metric_name, row_schema
+from spark_glue.progress import (
+    PENDING,
+    ProgressMetrics,
+    RawProgressListener,
+    metric_name,
+    row_schema,
+)
 from spark_glue.stats import METRICS, BatchStats
 
 
@@ -87,3 +93,28 @@ def test_a_query_of_another_session_gets_the_listener_too():
     assert pm._owners == {"q-1": first, "q-2": second}
     pm.close()
     assert first.listeners == [] == second.listeners
+
+
+def test_the_raw_listener_hands_over_the_java_progress_and_ignores_the_other_events():
+    """The JVM's events reach the metrics as the Java progress, its query id as a string
+    (PySpark's conversion of the whole event is skipped)."""
+    seen = []
+    raw = RawProgressListener(SimpleNamespace(progressed=lambda *a: seen.append(a)))
+    jprogress = SimpleNamespace(id=lambda: SimpleNamespace(toString=lambda: "q-1"),
+                                batchId=lambda: 7)
+    raw.onQueryProgress(SimpleNamespace(progress=lambda: jprogress))
+    assert seen == [("q-1", 7, jprogress)]
+    for other in (raw.onQueryStarted, raw.onQueryIdle, raw.onQueryTerminated):
+        other(object())  # no conversion, nothing read
+    assert len(seen) == 1
+    assert RawProgressListener.Java.implements == [
+        "org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
+
+
+def test_a_progress_without_recorded_metrics_is_left_alone():
+    pm = ProgressMetrics("job")
+    pm.progressed("q-1", 0, object())  # no batch recorded: nothing is written, no JVM
+    spark = _Session("q-1")
+    assert pm.record(spark, 3, {"rows": 1})
+    pm.progressed("q-1", 2, object())  # another batch's progress: this one's stays
+    assert ("q-1", 3) in pm._pending
