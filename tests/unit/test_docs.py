@@ -48,6 +48,7 @@ FOREIGN = {
     "DataFrame": "Spark (a query's rows, as PySpark and Spark name them)",
     "Dataset": "Spark (the JVM's typed query object a DataFrame wraps)",
     "Multiply": "Spark (Catalyst's multiplication, which the JVM route builds in LEGACY mode)",
+    "PythonStreamingQueryListener": "Spark (the JVM interface a Python listener implements)",
 }
 FOREIGN_PATHS = {"tests/abstract"}  # fsspec's conformance tests
 
