@@ -17,7 +17,7 @@ outside the JVM (Spark Connect has none to add to).
 The listener takes the JVM's events as they are (:class:`RawProgressListener`): PySpark's own
 bridge turns every event into Python objects before a listener sees it, walking each of the
 progress's maps over py4j, where every iterator's end is a Java exception that PySpark
-inspects with a dozen more round trips. That cost 0.13 s and about 40 round trips per
+inspects with a dozen more round trips. That cost 0.13 s and about 80 round trips per
 progress on a busy driver, for every query of the session once ours was registered (the
 native aggregation's too), beside the next batch on two cores. Ours reads the query's id
 and the batch id, and writes into the Java progress.
@@ -108,7 +108,8 @@ class ProgressMetrics(StreamingQueryListener):
         self._pending: OrderedDict[tuple[str, int], dict[str, int | float]] = OrderedDict()
         # query id -> the session whose query manager runs it (our listener is registered
         # with each such session once: a query of another session, or of a session made
-        # after a restart of Spark, gets its metrics too)
+        # after a restart of Spark, gets its metrics too; a query restarted from its
+        # checkpoint keeps its id, so an owner of another Spark context is looked up again)
         self._owners: OrderedDict[str, Any] = OrderedDict()
         self._sessions: list[Any] = []
 
@@ -123,7 +124,8 @@ class ProgressMetrics(StreamingQueryListener):
             return False
         metrics = {k: _plain(v) for k, v in metrics.items() if v is not None}
         with self._lock:
-            if query not in self._owners:
+            known = self._owners.get(query)
+            if known is None or known.sparkContext is not spark.sparkContext:
                 owner = _owner(query, spark)
                 if owner is None:
                     return False
@@ -148,6 +150,8 @@ class ProgressMetrics(StreamingQueryListener):
                 spark.streams.removeListener(self)
             except Exception:  # noqa: BLE001 - a stopped session has no listeners left
                 pass
+        # the JVM's wrapper holds our py4j object, which holds this listener
+        self.__dict__.pop("_raw_listener", None)
 
     @property
     def _jlistener(self) -> Any:

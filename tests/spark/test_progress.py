@@ -55,6 +55,8 @@ def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_o
          .writeStream.foreachBatch(op).option("checkpointLocation", str(tmp_path / "chk"))
          .start())
     name = metric_name("progress")
+    listeners = spark._jsparkSession.streams().listListeners
+    registered = len(listeners())
     try:
         q.processAllAvailable()
         deadline = time.time() + 30  # the listener hears of a batch just after it
@@ -64,9 +66,11 @@ def test_metrics_in_the_query_s_progress_and_timers_outputs_to_a_sink_of_their_o
             time.sleep(0.2)
         progress = {p["batchId"]: p for p in q.recentProgress if p["numInputRows"] > 0}
         last = q.lastProgress
+        with_ours = len(listeners())
     finally:
         q.stop()
         op.close()
+    assert with_ours == registered + 1 and len(listeners()) == registered  # removed again
     assert sorted(progress) == [0, 1], sorted(progress)
     assert converted == []  # the listener read the Java progress (spark_glue.progress)
     assert last["batchId"] == 1 and last["observedMetrics"][name] == op.history[-1].metrics()

@@ -118,3 +118,34 @@ def test_a_progress_without_recorded_metrics_is_left_alone():
     assert pm.record(spark, 3, {"rows": 1})
     pm.progressed("q-1", 2, object())  # another batch's progress: this one's stays
     assert ("q-1", 3) in pm._pending
+
+
+def test_a_query_restarted_on_a_new_spark_context_is_looked_up_again():
+    """A query restarted from its checkpoint keeps its id: after Spark was restarted, the
+    stopped session is not its owner any more, and the new one gets the listener."""
+    before, after = _Session("q-1"), _Session("q-1")  # each a Spark context of its own
+    pm = ProgressMetrics("job")
+    assert pm.record(before, 0, {"rows": 1})
+    assert pm.record(after, 1, {"rows": 2})
+    assert before.listeners == [pm] and after.listeners == [pm]
+    assert pm._owners == {"q-1": after}
+    assert pm.record(after, 2, {"rows": 3}) and after.listeners == [pm]  # once
+    pm.close()
+
+
+def test_the_jvm_gets_one_wrapper_per_gateway_and_close_lets_it_go(monkeypatch):
+    from pyspark import SparkContext
+
+    made = []
+    jvm = SimpleNamespace(PythonStreamingQueryListenerWrapper=lambda raw: made.append(raw)
+                          or SimpleNamespace(raw=raw))
+    monkeypatch.setattr(SparkContext, "_jvm", jvm)
+    monkeypatch.setattr(SparkContext, "_gateway", object())
+    pm = ProgressMetrics("job")
+    first = pm._jlistener
+    assert pm._jlistener is first  # what addListener and removeListener both hand over
+    assert isinstance(first.raw, RawProgressListener) and first.raw.metrics is pm
+    monkeypatch.setattr(SparkContext, "_gateway", object())  # another JVM's gateway
+    assert pm._jlistener is not first and len(made) == 2
+    pm.close()
+    assert "_raw_listener" not in pm.__dict__
