@@ -112,6 +112,8 @@ class ProgressMetrics(StreamingQueryListener):
         # checkpoint keeps its id, so an owner of another Spark context is looked up again)
         self._owners: OrderedDict[str, Any] = OrderedDict()
         self._sessions: list[Any] = []
+        # (the py4j gateway, the JVM's wrapper of our RawProgressListener) (_jlistener)
+        self._raw_listener: tuple[Any, Any] | None = None
 
     def record(self, spark: Any, batch_id: int, metrics: dict[str, int | float]) -> bool:
         """Keep ``metrics`` for the progress of ``batch_id`` of the query running this
@@ -151,7 +153,7 @@ class ProgressMetrics(StreamingQueryListener):
             except Exception:  # noqa: BLE001 - a stopped session has no listeners left
                 pass
         # the JVM's wrapper holds our py4j object, which holds this listener
-        self.__dict__.pop("_raw_listener", None)
+        self._raw_listener = None
 
     @property
     def _jlistener(self) -> Any:
@@ -161,11 +163,11 @@ class ProgressMetrics(StreamingQueryListener):
         from pyspark import SparkContext
 
         gateway = SparkContext._gateway
-        made = self.__dict__.get("_raw_listener")
+        made = self._raw_listener
         if made is None or made[0] is not gateway:
-            made = (gateway, SparkContext._jvm.PythonStreamingQueryListenerWrapper(
-                RawProgressListener(self)))
-            self.__dict__["_raw_listener"] = made
+            made = self._raw_listener = (
+                gateway, SparkContext._jvm.PythonStreamingQueryListenerWrapper(
+                    RawProgressListener(self)))
         return made[1]
 
     def progressed(self, query: str, batch_id: int, jprogress: Any) -> None:

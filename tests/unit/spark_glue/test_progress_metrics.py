@@ -148,4 +148,4 @@ def test_the_jvm_gets_one_wrapper_per_gateway_and_close_lets_it_go(monkeypatch):
     monkeypatch.setattr(SparkContext, "_gateway", object())  # another JVM's gateway
     assert pm._jlistener is not first and len(made) == 2
     pm.close()
-    assert "_raw_listener" not in pm.__dict__
+    assert pm._raw_listener is None
