@@ -6,7 +6,8 @@ Two ways, by the job's key hash (spark_glue.job_key_hash):
 - **Routed in the JVM** (spark_glue.jvm_route and spark_glue.jvm_tasks), when Spark computes
   the key groups (``spark-xxhash64:<type>``) and the batch needs no Python before the
   shuffle (no combiner function, no initial-state rows): the routing is the shuffle Spark
-  makes anyway, and the subtask's task reads its partition as Arrow.
+  makes anyway, and the subtask's task reads its partition as Arrow. A batch of one
+  partition with a combiner mapping is aggregated whole in its task, then routed.
 - **Routed in Python** (spark_glue.route_plan): the splitter's ``mapInArrow`` hashes each
   distinct key, a shuffle of its Arrow payloads, and the subtask's task reads them back
   (spark_glue.worker.run_partition). A job hashed by blake2b (every job before key hashes
@@ -41,6 +42,7 @@ class DataPath:
         self.key, self.combine = key, combine
         self._route_plan, self._jvm_plan = RoutePlan(), JvmRoutePlan()
         self._runner = SubtaskRunner()
+        self.aggregated_whole = 0  # batches of one partition aggregated in its task (tests)
 
     def jvm_routed(self, spec: TaskSpec) -> bool:
         """Whether batch ``spec`` is routed in the JVM: the job is hashed by Spark, nothing
@@ -70,13 +72,16 @@ class DataPath:
                               f"{list(columns)}")
         if columns and not self.clashes(columns):
             combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
+            one = None if combine is None else self._jvm_plan.one_partition(df)
+            single, df = (False, df) if one is None else (True, one)
             got = self._runner.run(
                 df, lambda: self._jvm_plan.routed(df, self.key, spec.max_parallelism, p,
-                                                  combine),
-                (spec.max_parallelism, columns),
+                                                  combine, single),
+                (spec.max_parallelism, columns, single),
                 columns if combine is None else (self.key, *combine), spec, placement,
-                salted=combine is not None)
+                salted=combine is not None and not single)
             if got is not None:
+                self.aggregated_whole += single
                 return got
             log.info("batch %d: Spark planned the aggregation without an exchange by key and "
                      "salt (its input suits the grouping already): routed in Python",

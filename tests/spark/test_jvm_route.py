@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from dstl_ray.errors import ConfigError
 from dstl_ray.key_hashes import SparkXxHash64
 from spark_glue import KeyedStatefulOperator
-from spark_glue.jvm_route import planned, routed, salted_exchange
+from spark_glue.jvm_route import JvmRoutePlan, planned, routed, salted_exchange
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -59,6 +59,17 @@ def test_every_row_lands_in_its_subtasks_partition(spark, parallelism):
                     one = routed(df.coalesce(1), "user", maxp, parallelism, combine)
                     assert not salted_exchange(
                         one._jdf.queryExecution().executedPlan().toString(), parallelism)
+                    # a batch of one partition, declared so, aggregated whole in its
+                    # task, then routed: the same rows in the same partitions, through
+                    # one exchange
+                    jvm = JvmRoutePlan()
+                    one = jvm.one_partition(spark.createDataFrame(
+                        df.rdd.coalesce(1), df.schema))
+                    whole = jvm.routed(one, "user", maxp, parallelism, combine, single=True)
+                    got = whole.withColumn("part", F.spark_partition_id()).collect()
+                    assert sorted(got) == sorted(rows)
+                    plan = whole._jdf.queryExecution().executedPlan().toString()
+                    assert plan.count("Exchange ") == 1 and "_dstl_salt" not in plan, plan
         finally:
             spark.conf.set("spark.sql.ansi.enabled", ansi)
         assert spark.conf.get("spark.sql.shuffle.partitions") == before
@@ -73,6 +84,21 @@ def test_every_row_lands_in_its_subtasks_partition(spark, parallelism):
         empty = routed(df.where(F.col("amount") < 0), "user", maxp, parallelism,
                        {"n": F.count("*")})
         assert empty.rdd.getNumPartitions() == parallelism
+
+
+def test_a_logical_rdd_of_one_partition_is_declared_so(spark):
+    sc = spark.sparkContext
+    rows = [("a", 1), ("b", 2), ("a", 3)]
+    jvm = JvmRoutePlan()
+    one = jvm.one_partition(spark.createDataFrame(sc.parallelize(rows, 1), "user STRING, n INT"))
+    assert one is not None and sorted(one.collect()) == sorted(rows)
+    leaf = one._jdf.queryExecution().analyzed()
+    assert leaf.nodeName() == "LogicalRDD" and leaf.outputPartitioning().toString() == \
+        "SinglePartition"
+    two = spark.createDataFrame(sc.parallelize(rows, 2), "user STRING, n INT")
+    local = spark.createDataFrame(rows, "user STRING, n INT")  # a local relation
+    assert jvm.one_partition(two) is None and jvm.one_partition(local) is None
+    assert jvm.one_partition(local.coalesce(1)) is None
 
 
 def add(keys, rows, state):
@@ -195,5 +221,7 @@ def test_a_streams_later_batches_are_planned_from_its_first(spark, tree_factory,
         assert "routed in Python" not in caplog.text  # each batch went the JVM way
         assert o.state() == want
         assert o._path._runner._plans.reused == 3  # every batch but the first
+        # a file a batch: one partition, aggregated whole in its task before the shuffle
+        assert o._path.aggregated_whole == (4 if combined else 0)
     finally:
         o.close()
