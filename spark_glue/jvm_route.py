@@ -147,13 +147,16 @@ class JvmRoutePlan:
 
     def one_partition(self, df: Any) -> Any:
         """``df`` declared to Spark as the one partition it is, when it is a bare
-        ``LogicalRDD`` (what ``foreachBatch`` hands over) whose RDD has one partition: the
-        same node with ``SinglePartition`` as its partitioning; else None. Spark takes a
-        ``LogicalRDD``'s partitioning as unknown, so a grouping of it gets an exchange even
-        when one task holds every row. (``coalesce(1)`` would say the same, but as an
-        operator outside whole-stage code generation: every row copied out of the scan
-        first, which costs what the salt saves.) A Spark that refuses the copy (its
-        internals changed) gets None from then on, and the salted way."""
+        ``LogicalRDD`` (what ``foreachBatch`` hands over) whose RDD has one partition and
+        that is not persisted: the same node with ``SinglePartition`` as its
+        partitioning; else None. A file or Kafka source's batch comes with its partitioning
+        unknown, so a grouping of it gets an exchange even when one task holds every row.
+        (``coalesce(1)`` would say the same, but as an operator outside whole-stage code
+        generation: every row copied out of the scan first, which costs what the salt
+        saves.) A persisted batch is left as it is: Spark finds a cached plan by its
+        leaf, so the copy would read the batch from its source again, where the caller's
+        other writes read the cache. A Spark that refuses the copy (its internals
+        changed) gets None from then on, and the salted way."""
         from pyspark.sql import DataFrame
 
         sc = df.sparkSession.sparkContext
@@ -165,7 +168,7 @@ class JvmRoutePlan:
             if leaf.nodeName() != "LogicalRDD":
                 return None
             rdd = leaf.rdd()
-            if rdd.getNumPartitions() != 1:
+            if rdd.getNumPartitions() != 1 or df._jdf.storageLevel().isValid():
                 return None
             if self._single is None:
                 physical = sc._jvm.org.apache.spark.sql.catalyst.plans.physical

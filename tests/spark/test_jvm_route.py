@@ -99,6 +99,24 @@ def test_a_logical_rdd_of_one_partition_is_declared_so(spark):
     local = spark.createDataFrame(rows, "user STRING, n INT")  # a local relation
     assert jvm.one_partition(two) is None and jvm.one_partition(local) is None
     assert jvm.one_partition(local.coalesce(1)) is None
+    kept = spark.createDataFrame(sc.parallelize(rows, 1), "user STRING, n INT").persist()
+    try:  # a persisted batch stays as it is: the copy would not read the cache
+        assert jvm.one_partition(kept) is None
+    finally:
+        kept.unpersist()
+    # aggregated whole, then routed: a null key and an empty batch of one partition too
+    combine = {"n": F.count("*"), "total": F.sum("n")}
+    with planned(spark, 3):
+        for data in ([*rows, (None, 4), (None, 5)], []):
+            one = jvm.one_partition(spark.createDataFrame(sc.parallelize(data, 1),
+                                                          "user STRING, n INT"))
+            out = jvm.routed(one, "user", 32, 3, combine, single=True)
+            got = out.withColumn("part", F.spark_partition_id()).collect()
+            assert out.rdd.getNumPartitions() == 3
+            assert sorted((r.user or "", r.n, r.total) for r in got) == (
+                [("", 2, 9), ("a", 2, 4), ("b", 1, 2)] if data else [])
+            for r in got:
+                assert r.part == SparkXxHash64("string").key_group(r.user, 32) * 3 // 32, r
 
 
 def add(keys, rows, state):

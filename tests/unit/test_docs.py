@@ -45,6 +45,7 @@ FOREIGN = {
     "StructType": "pyspark.sql.types",
     "FileStreamSink": "Spark (Structured Streaming's file sink)",
     "LogicalRDD": "Spark (the plan node of a foreachBatch micro-batch)",
+    "SinglePartition": "Spark (the partitioning of a plan whose rows are in one partition)",
     "DataFrame": "Spark (a query's rows, as PySpark and Spark name them)",
     "Dataset": "Spark (the JVM's typed query object a DataFrame wraps)",
     "Multiply": "Spark (Catalyst's multiplication, which the JVM route builds in LEGACY mode)",
