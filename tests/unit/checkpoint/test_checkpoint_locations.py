@@ -171,7 +171,10 @@ def test_a_location_does_not_wait_behind_commits_waiting_for_the_commit_lock(tmp
     done: dict[int, object] = {}
 
     def complete(n):
-        done[n] = coord.complete_checkpoint(n, [snap]).checkpoint_id
+        try:
+            done[n] = coord.complete_checkpoint(n, [snap]).checkpoint_id
+        except CheckpointDeclinedError as e:  # 12 took the commit lock before 11: subsumed
+            done[n] = str(e)
 
     threads = [threading.Thread(target=complete, args=(n,), daemon=True) for n in (10, 11, 12)]
     threads[0].start()
@@ -183,7 +186,10 @@ def test_a_location_does_not_wait_behind_commits_waiting_for_the_commit_lock(tmp
     go.set()
     for t in threads:
         t.join(30)
-    assert done == {10: 10, 11: 11, 12: 12}
+    # every commit went through once its location was there (which of 11 and 12 took the
+    # lock first is the threads' race; 11 after 12 is subsumed, as the FLIP has it)
+    assert done[10] == 10 and done[12] == 12
+    assert done[11] == 11 or "checkpoint 12 completed first" in str(done[11]), done
     coord.complete_checkpoint(13, [snap])
     b.close()
     coord.shutdown()
