@@ -73,7 +73,9 @@ class DataPath:
         if columns and not self.clashes(columns):
             combine: Mapping[str, Any] | None = self.combine  # type: ignore[assignment]
             one = None if combine is None else self._jvm_plan.one_partition(df)
-            single, df = (False, df) if one is None else (True, one)
+            single = one is not None
+            if single:  # the same batch, declared one partition
+                df = one
             got = self._runner.run(
                 df, lambda: self._jvm_plan.routed(df, self.key, spec.max_parallelism, p,
                                                   combine, single),

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from .batch_plans import LEAF
 from .routing import int32, quoted, route_values
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class JvmRoutePlan:
             return None
         try:
             leaf = df._jdf.queryExecution().analyzed()
-            if leaf.nodeName() != "LogicalRDD":
+            if leaf.nodeName() != LEAF:
                 return None
             rdd = leaf.rdd()
             if rdd.getNumPartitions() != 1 or df._jdf.storageLevel().isValid():
