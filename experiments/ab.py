@@ -22,7 +22,7 @@ Figures are read from each run's ``<module>.json`` by :data:`FIGURES` (the rows 
 experiment needs an entry there.
 
 Run: python -m experiments.ab --base REV [--head REV] [--rounds 3] [--tolerance 0.1]
-[--timeout S] [--out DIR] -- MODULE [ARGS...] (writes ab_MODULE.json and .png)
+[--timeout S] [--out DIR] [--head-args "ARGS"] -- MODULE [ARGS...] (writes ab_MODULE.json and .png)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -232,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--timeout", type=float, default=7200.0, help="seconds per run")
     p.add_argument("--out", default=RESULTS, help="directory for ab_MODULE.json and .png")
     p.add_argument("--repo", default=str(REPO), help="the git repository (this one)")
+    p.add_argument("--head-args", default="",
+                   help="more arguments for head's runs only (shell words): an option base's "
+                        "experiment does not know, e.g. to leave out a row base never had")
     args = p.parse_args(ours)
     if not rest:
         p.error("name the experiment after --: -- MODULE [ARGS...]")
@@ -239,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if module not in FIGURES:
         p.error(f"no figures are defined for experiment {module!r} (experiments.ab.FIGURES "
                 f"has {sorted(FIGURES)})")
-    if any(a == "--out" or a.startswith("--out=") for a in margs):
+    extra = shlex.split(args.head_args)
+    if any(a == "--out" or a.startswith("--out=") for a in [*margs, *extra]):
         p.error("--out goes before --: each run's output directory is ab's to choose")
     if args.rounds < 1 or args.rounds % 2 == 0:
         p.error(f"--rounds must be odd (a median of paired rounds), got {args.rounds}")
@@ -261,8 +266,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for side in round_order(["base", "head"], i):
                 out = work / f"{side}-{i}"
                 print(f"[ab] round {i}: {side} ({revs[side][:10]})", flush=True)
-                doc = run_once(work / side, module, margs, out, work / f"{side}-{i}.log",
-                               args.timeout)
+                doc = run_once(work / side, module,
+                               [*margs, *(extra if side == "head" else [])], out,
+                               work / f"{side}-{i}.log", args.timeout)
                 runs[side][i] = figures_of(module, doc, side, i)
         done = True
     finally:

@@ -135,7 +135,7 @@ assert sys.argv[1:3] == ["--events", "10"], sys.argv
 out = Path(sys.argv[sys.argv.index("--out") + 1])
 out.mkdir(parents=True, exist_ok=True)
 with open(os.environ["AB_TOY_LOG"], "a") as f:
-    f.write(NAME + "\\n")
+    f.write(" ".join([NAME, *sys.argv[3:sys.argv.index("--out")]]) + "\\n")
 rows = [{"system": s, "events_per_batch": 10, "keys": 1, "events_per_s": v}
         for s, v in ROWS.items()]
 (out / "spark_throughput.json").write_text(json.dumps({"rows": rows}))
@@ -165,9 +165,10 @@ def test_two_revisions_of_a_repository_run_in_worktrees_and_a_slower_one_is_mark
     monkeypatch.setenv("AB_TOY_LOG", str(log))
     out = tmp_path / "out"
     data = main(["--repo", str(repo), "--base", old[:8], "--rounds", "3", "--out", str(out),
-                 "--", "spark_throughput", "--events", "10"])
-    # each revision's own packages, in alternating order
-    assert log.read_text().split() == ["base", "head", "head", "base", "base", "head"]
+                 "--head-args", "--new-only 'a b'", "--", "spark_throughput", "--events", "10"])
+    # each revision's own packages, in alternating order; head's runs get --head-args
+    head = "head --new-only a b"
+    assert log.read_text().splitlines() == ["base", head, head, "base", "base", head]
     assert data["revisions"] == {"base": old, "head": new}
     rows = {r["figure"]: r for r in data["figures"]}
     assert rows["slower @ 10/1 events/s"]["ratio"] == pytest.approx(0.8)
