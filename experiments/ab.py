@@ -21,8 +21,14 @@ Figures are read from each run's ``<module>.json`` by :data:`FIGURES` (the rows 
 ``large_state`` row's times, bytes and memory); another
 experiment needs an entry there.
 
+Where head's experiment changed: ``--head-args`` gives head's runs more arguments (an option
+base does not know, such as one that leaves out a row base never had; a later option of the
+same name wins), and ``--head-names NEW=OLD`` compares a system head renamed with base's
+under its old name (head's figures whose names start with NEW are read as starting with OLD).
+
 Run: python -m experiments.ab --base REV [--head REV] [--rounds 3] [--tolerance 0.1]
-[--timeout S] [--out DIR] [--head-args "ARGS"] -- MODULE [ARGS...] (writes ab_MODULE.json and .png)
+[--timeout S] [--out DIR] [--head-args "ARGS"] [--head-names NEW=OLD ...] -- MODULE [ARGS...]
+(writes ab_MODULE.json and .png)
 """
 
 from __future__ import annotations
@@ -209,6 +215,33 @@ def figures_of(module: str, doc: dict[str, Any], side: str, i: int) -> dict[str,
                            ) from e
 
 
+def renamed(figures: dict[str, Figure], names: Sequence[tuple[str, str]]
+            ) -> dict[str, Figure]:
+    """``figures`` with each name that starts with a ``new`` of ``names`` starting with its
+    ``old`` instead (``--head-names``: a system head renamed, compared with base's under
+    its old name). Two figures of one name are an error, not one silently dropped."""
+    out: dict[str, Figure] = {}
+    for name, fig in figures.items():
+        for new, old in names:
+            if name.startswith(new):
+                name = old + name[len(new):]
+                break
+        if name in out:
+            raise ValueError(f"--head-names gives two of head's figures the name {name!r}")
+        out[name] = fig
+    return out
+
+
+def _name_pairs(given: Sequence[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for g in given:
+        new, sep, old = g.partition("=")
+        if not sep or not new or not old:
+            raise ValueError(f"--head-names takes NEW=OLD, got {g!r}")
+        pairs.append((new, old))
+    return pairs
+
+
 def remove_worktrees(repo: Path, trees: Sequence[Path]) -> None:
     for tree in trees:
         got = subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force",
@@ -236,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--head-args", default="",
                    help="more arguments for head's runs only (shell words): an option base's "
                         "experiment does not know, e.g. to leave out a row base never had")
+    p.add_argument("--head-names", action="append", default=[], metavar="NEW=OLD",
+                   help="compare head's figures whose names start with NEW with base's that "
+                        "start with OLD (a system renamed since base; repeatable)")
     args = p.parse_args(ours)
     if not rest:
         p.error("name the experiment after --: -- MODULE [ARGS...]")
@@ -244,6 +280,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         p.error(f"no figures are defined for experiment {module!r} (experiments.ab.FIGURES "
                 f"has {sorted(FIGURES)})")
     extra = shlex.split(args.head_args)
+    try:
+        names = _name_pairs(args.head_names)
+    except ValueError as e:
+        p.error(str(e))
     if any(a == "--out" or a.startswith("--out=") for a in [*margs, *extra]):
         p.error("--out goes before --: each run's output directory is ab's to choose")
     if args.rounds < 1 or args.rounds % 2 == 0:
@@ -269,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 doc = run_once(work / side, module,
                                [*margs, *(extra if side == "head" else [])], out,
                                work / f"{side}-{i}.log", args.timeout)
-                runs[side][i] = figures_of(module, doc, side, i)
+                figs = figures_of(module, doc, side, i)
+                runs[side][i] = renamed(figs, names) if side == "head" else figs
         done = True
     finally:
         remove_worktrees(repo, trees)

@@ -16,6 +16,7 @@ from experiments.ab import (
     compare,
     large_state_figures,
     main,
+    renamed,
     spark_throughput_figures,
     vs_flink_figures,
 )
@@ -208,3 +209,16 @@ def test_an_experiment_without_figures_or_a_failing_run_is_an_error(tmp_path, ca
     shutil.rmtree(log.parent)
     assert len(subprocess.run(["git", "-C", str(repo), "worktree", "list"], check=True,
                               capture_output=True, text=True).stdout.strip().splitlines()) == 1
+
+
+def test_head_names_compare_a_renamed_system_with_its_old_name(capsys):
+    figs = {"new sys @ 10/1 events/s": Figure(1.0, True), "other @ 10/1 events/s":
+            Figure(2.0, True)}
+    got = renamed(figs, [("new sys", "old sys")])
+    assert got == {"old sys @ 10/1 events/s": Figure(1.0, True),
+                   "other @ 10/1 events/s": Figure(2.0, True)}
+    with pytest.raises(ValueError, match="two of head's figures"):
+        renamed(figs, [("new sys", "other")])
+    with pytest.raises(SystemExit):
+        main(["--base", "HEAD", "--head-names", "no-equals", "--", "spark_throughput"])
+    assert "NEW=OLD" in capsys.readouterr().err
