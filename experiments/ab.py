@@ -23,11 +23,12 @@ experiment needs an entry there.
 
 Where head's experiment changed: ``--head-args`` gives head's runs more arguments (an option
 base does not know, such as one that leaves out a row base never had; a later option of the
-same name wins), and ``--head-names NEW=OLD`` compares a system head renamed with base's
+same name wins; write it ``--head-args=--opt``, as argparse takes a lone ``--opt`` for an
+option), and ``--head-names NEW=OLD`` compares a system head renamed with base's
 under its old name (head's figures whose names start with NEW are read as starting with OLD).
 
 Run: python -m experiments.ab --base REV [--head REV] [--rounds 3] [--tolerance 0.1]
-[--timeout S] [--out DIR] [--head-args "ARGS"] [--head-names NEW=OLD ...] -- MODULE [ARGS...]
+[--timeout S] [--out DIR] [--head-args="ARGS"] [--head-names NEW=OLD ...] -- MODULE [ARGS...]
 (writes ab_MODULE.json and .png)
 """
 
