@@ -28,6 +28,8 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from .jvm_errors import first_line
+
 log = logging.getLogger(__name__)
 
 LEAF = "LogicalRDD"
@@ -84,9 +86,8 @@ class BatchPlanCache:
         return jdf
 
     def _refused(self, e: Exception, sc: Any) -> None:
-        text = str(e).strip()
         log.warning("a micro-batch's plan cannot be kept for the next ones (%s): each is "
-                    "built with the DataFrame API", text.splitlines()[0] if text else repr(e))
+                    "built with the DataFrame API", first_line(e))
         self._entry, self._off = None, sc
 
     @staticmethod

@@ -42,9 +42,11 @@ import re
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .batch_plans import LEAF
+from .jvm_errors import first_line
 from .routing import int32, quoted, route_values
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,24 @@ def salt_columns(key: str, max_parallelism: int, parallelism: int) -> tuple[Any,
     return _wrapping_times(k1, _inverse(_C2)), _wrapping_times(rotated, _inverse(_C1))
 
 
+@dataclass(frozen=True)
+class _Ways:
+    """One routing's JVM objects (a way of :meth:`JvmRoutePlan.routed`). Rows routed as
+    rows: the route column and the column list ``repartition`` takes. Grouped by the key and
+    the salt: the salt's two columns (:func:`salt_columns`). With a combiner mapping: the
+    grouping's column list, the first aggregation and a list of the others, and the
+    mapping's items, held so that the ids in the plan's cache key are not reused."""
+
+    route: Any = None
+    route_by: Any = None
+    salt_mix: Any = None
+    salt: Any = None
+    group_by: Any = None
+    first_agg: Any = None
+    other_aggs: Any = None
+    items: tuple[tuple[str, Any], ...] | None = None
+
+
 class JvmRoutePlan:
     """The JVM objects of one operator's routing, made once per Spark context and routing
     parameters: each ``F`` function a column expression calls is a round trip to the driver
@@ -138,7 +158,7 @@ class JvmRoutePlan:
 
     def __init__(self) -> None:
         self._sc: Any = None
-        self._made: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        self._made: dict[tuple[Any, ...], _Ways] = {}
         self._single: Any = None  # Spark's SinglePartition and Dataset class, when looked up
         self._off: Any = None  # the context whose Spark refused a declared partition
 
@@ -180,10 +200,8 @@ class JvmRoutePlan:
                              leaf.isStreaming(), more.apply(0), more.apply(1), more.apply(2))
             jdf = self._single[1].ofRows(df.sparkSession._jsparkSession, node)
         except Exception as e:  # noqa: BLE001 - py4j's errors: the salted way instead
-            text = str(e).strip()
             log.warning("a micro-batch of one partition cannot be declared so to Spark (%s): "
-                        "its rows are grouped by key and salt", text.splitlines()[0] if text
-                        else repr(e))
+                        "its rows are grouped by key and salt", first_line(e))
             self._off = sc
             return None
         return DataFrame(jdf, df.sparkSession)
@@ -197,8 +215,6 @@ class JvmRoutePlan:
         (undeclared, Spark adds an exchange for the grouping: the same rows, a stage more).
         Plan it inside :func:`planned`."""
         from pyspark.sql import DataFrame
-        from pyspark.sql import functions as F
-        from pyspark.sql.column import _to_seq
 
         sc = df.sparkSession.sparkContext
         self._bind(sc)
@@ -206,29 +222,40 @@ class JvmRoutePlan:
         params = (key, max_parallelism, parallelism,
                   None if items is None else tuple((name, id(e)) for name, e in items))
         made = self._made.get((params, single))
-        if made is None:  # (the entry holds the expressions: their ids are not reused)
-            by = [F.col(quoted(key))._jc]
-            if items is None or single:  # the route column, and the repartition by it
-                routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
-                sub = subtask_column(key, max_parallelism, parallelism)
-                made = (F.element_at(routes, sub + 1)._jc,
-                        _to_seq(sc, [F.col(ROUTE_COL)._jc]))
-            else:  # the salt's two columns, and the grouping by the key and the salt
-                mix, salt = salt_columns(key, max_parallelism, parallelism)
-                made, by = (mix._jc, salt._jc), [*by, F.col(SALT)._jc]
-            if items is not None:
-                aggs = [expr.alias(name)._jc for name, expr in items]
-                made = (*made, _to_seq(sc, by), aggs[0], _to_seq(sc, aggs[1:]), items)
+        if made is None:
+            made = self._ways(key, max_parallelism, parallelism, items, single, sc)
             self._made[params, single] = made
         jdf = df._jdf
-        if items is not None and single:  # the whole aggregation in the one partition
-            jdf = jdf.groupBy(made[2]).agg(made[3], made[4])
-        if items is None or single:
-            jdf = jdf.withColumn(ROUTE_COL, made[0]).repartition(parallelism, made[1])
+        if made.salt is None:  # rows routed as rows (a one-partition batch aggregated first)
+            if made.items is not None:
+                jdf = jdf.groupBy(made.group_by).agg(made.first_agg, made.other_aggs)
+            jdf = jdf.withColumn(ROUTE_COL, made.route).repartition(parallelism, made.route_by)
             return DataFrame(jdf.drop(ROUTE_COL), df.sparkSession)
-        jdf = (jdf.withColumn(SALT_MIX, made[0]).withColumn(SALT, made[1])
-               .groupBy(made[2]).agg(made[3], made[4]))
+        jdf = (jdf.withColumn(SALT_MIX, made.salt_mix).withColumn(SALT, made.salt)
+               .groupBy(made.group_by).agg(made.first_agg, made.other_aggs))
         return DataFrame(jdf.drop(SALT), df.sparkSession)
+
+    @staticmethod
+    def _ways(key: str, max_parallelism: int, parallelism: int,
+              items: tuple[tuple[str, Any], ...] | None, single: bool, sc: Any) -> _Ways:
+        """The JVM objects of one routing, made once (dozens of round trips to the JVM)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.column import _to_seq
+
+        by = [F.col(quoted(key))._jc]
+        if items is None or single:  # the route column, and the repartition by it
+            routes = F.array(*[F.lit(v) for v in route_values(parallelism)])
+            sub = subtask_column(key, max_parallelism, parallelism)
+            ways = _Ways(route=F.element_at(routes, sub + 1)._jc,
+                         route_by=_to_seq(sc, [F.col(ROUTE_COL)._jc]))
+        else:  # the salt's two columns, and the grouping by the key and the salt
+            mix, salt = salt_columns(key, max_parallelism, parallelism)
+            ways, by = _Ways(salt_mix=mix._jc, salt=salt._jc), [*by, F.col(SALT)._jc]
+        if items is None:
+            return ways
+        aggs = [expr.alias(name)._jc for name, expr in items]
+        return replace(ways, group_by=_to_seq(sc, by), first_agg=aggs[0],
+                       other_aggs=_to_seq(sc, aggs[1:]), items=items)
 
 
 def routed(df: Any, key: str, max_parallelism: int, parallelism: int,

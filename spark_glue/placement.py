@@ -20,6 +20,8 @@ import os
 import re
 from typing import Any
 
+from .jvm_errors import first_line
+
 log = logging.getLogger(__name__)
 
 _EXECUTOR_DIR = re.compile(r"/([^/]+)/blockmgr-[^/]*$")
@@ -120,9 +122,8 @@ class Placement:
             return self.hosts(sc)
         except Exception as e:  # noqa: BLE001 - placement is an optimization only
             # query.stop() interrupts the batch's thread in the JVM call: no news
-            first = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
             log.log(logging.DEBUG if "InterruptedException" in str(e) else logging.WARNING,
-                    "no executor placement (%s): subtasks run anywhere", first)
+                    "no executor placement (%s): subtasks run anywhere", first_line(e))
             return {}
 
     def _context(self, sc: Any) -> None:
