@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(f"[ab] {name}: base has it, head gave none", flush=True)
     if result["control_drift"] is not None:
         print(f"[ab] the controls moved by up to {result['control_drift']:.0%}", flush=True)
-    data = {"command": " ".join(["python -m experiments.ab", *argv]), "revisions": revs,
+    data = {"command": f"python -m experiments.ab {shlex.join(argv)}", "revisions": revs,
             "rounds": args.rounds, "tolerance": args.tolerance, **result}
     write_results(f"ab_{module}", data,
                   plot(result, f"{module}: {revs['head'][:10]} vs {revs['base'][:10]}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -176,6 +177,7 @@ def test_two_revisions_of_a_repository_run_in_worktrees_and_a_slower_one_is_mark
     assert rows["faster @ 10/1 events/s"]["ratio"] == pytest.approx(1.2)
     assert data["worse"] == ["slower @ 10/1 events/s"]
     written = json.loads((out / "ab_spark_throughput.json").read_text())
+    assert "--new-only 'a b'" in shlex.split(written["command"])  # a shell's words again
     assert written["worse"] == data["worse"] and (out / "ab_spark_throughput.png").exists()
     # the worktrees are gone
     trees = subprocess.run(["git", "-C", str(repo), "worktree", "list"], check=True,
