@@ -220,16 +220,26 @@ def renamed(figures: dict[str, Figure], names: Sequence[tuple[str, str]]
             ) -> dict[str, Figure]:
     """``figures`` with each name that starts with a ``new`` of ``names`` starting with its
     ``old`` instead (``--head-names``: a system head renamed, compared with base's under
-    its old name). Two figures of one name are an error, not one silently dropped."""
+    its old name); the longest ``new`` that matches wins (``dstl-ray vectorized + map-side
+    combine`` before ``dstl-ray vectorized``). A pair that renames none of the figures (a
+    mistyped name) and two figures given one name are errors, not a comparison of
+    something else."""
+    pairs = sorted(names, key=lambda p: len(p[0]), reverse=True)
     out: dict[str, Figure] = {}
+    used: set[str] = set()
     for name, fig in figures.items():
-        for new, old in names:
+        for new, old in pairs:
             if name.startswith(new):
                 name = old + name[len(new):]
+                used.add(new)
                 break
         if name in out:
             raise ValueError(f"--head-names gives two of head's figures the name {name!r}")
         out[name] = fig
+    unused = [new for new, _old in pairs if new not in used]
+    if unused:
+        raise ValueError(f"--head-names: no figure of head's run starts with {unused} "
+                         f"(its figures: {sorted(figures)})")
     return out
 
 
@@ -326,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               f"{'  WORSE' if r['figure'] in result['worse'] else ''}", flush=True)
     for name in result["missing_in_head"]:
         print(f"[ab] {name}: base has it, head gave none", flush=True)
+    for name in result["only_in_head"]:
+        print(f"[ab] {name}: head has it, base gave none", flush=True)
     if result["control_drift"] is not None:
         print(f"[ab] the controls moved by up to {result['control_drift']:.0%}", flush=True)
     data = {"command": f"python -m experiments.ab {shlex.join(argv)}", "revisions": revs,

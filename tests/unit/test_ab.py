@@ -221,6 +221,12 @@ def test_head_names_compare_a_renamed_system_with_its_old_name(capsys):
                    "other @ 10/1 events/s": Figure(2.0, True)}
     with pytest.raises(ValueError, match="two of head's figures"):
         renamed(figs, [("new sys", "other")])
+    with pytest.raises(ValueError, match=r"no figure of head's run starts with \['nwe sys'\]"):
+        renamed(figs, [("nwe sys", "old sys")])  # mistyped: not silently left as it is
+    # the longest name that matches wins, whatever the order given
+    figs = {"sys @ 1": Figure(1.0, True), "sys + more @ 1": Figure(2.0, True)}
+    assert renamed(figs, [("sys", "a"), ("sys + more", "b")]) == {
+        "a @ 1": Figure(1.0, True), "b @ 1": Figure(2.0, True)}
     with pytest.raises(SystemExit):
         main(["--base", "HEAD", "--head-names", "no-equals", "--", "spark_throughput"])
     assert "NEW=OLD" in capsys.readouterr().err
