@@ -145,6 +145,18 @@ class TaggedSerializer:
         raise StateError(f"TaggedSerializer cannot encode {t.__name__}; plug in a Serializer")
 
     def deserialize(self, data: bytes, _depth: int = 0) -> Any:
+        if type(data) is bytes:  # the per-key API's hot path: a counter, a name
+            tag = data[:1]
+            if tag == b"i":
+                body = data[1:]
+                # str(int) of a non-negative int: ASCII digits, no leading zero
+                if body.isdigit() and (body[0] != 48 or len(body) == 1) and len(body) < 4000:
+                    return int(body)
+            elif tag == b"s":
+                try:
+                    return data[1:].decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise FormatError(f"bad serialized value (tag {tag!r}): {e}") from None
         if not data:
             raise FormatError("empty serialized value")
         tag, body = data[:1], bytes(data[1:])

@@ -115,6 +115,24 @@ def test_malformed_values_raise_format_error(raw):
         SER.deserialize(raw)
 
 
+@pytest.mark.parametrize("value", [0, 7, 10, 12345, -1, -907, 10 ** 3998, -(10 ** 3998), "",
+                                   "count", "ünï", "0"])
+def test_int_and_str_decode_alike_from_bytes_and_views(value):
+    """The bytes fast path of ints and strs (the per-key API's reads) decodes as the
+    general path does a view of the same bytes."""
+    raw = SER.serialize(value)
+    assert SER.deserialize(raw) == value
+    assert SER.deserialize(memoryview(raw)) == value
+    assert type(SER.deserialize(raw)) is type(value)
+
+
+@pytest.mark.parametrize("raw", [b"i00", b"i01", b"i0" + b"1" * 10, b"i\xd9\xa1", b"s\xc3"])
+def test_fast_path_refuses_what_the_general_path_refuses(raw):
+    for data in (raw, memoryview(raw)):
+        with pytest.raises(FormatError):
+            SER.deserialize(data)
+
+
 # ------------------------------------------------------------------ records
 
 small = st.binary(max_size=6)
