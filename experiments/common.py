@@ -84,7 +84,8 @@ def plt():
 
 
 def count_at_rate(state: Any, keys: list[Any], rng: Any, rate: float, stop: Any,
-                  mailbox: Any, batch: int = 100, burst_from: float | None = None) -> None:
+                  mailbox: Any, batch: int = 100, burst_from: float | None = None,
+                  bursts: list[tuple[float, float]] | None = None) -> None:
     """Increment random ``keys`` of ValueState ``state`` at ``rate`` updates/s until ``stop``
     is set, ``batch`` at a time under ``mailbox`` (like a Flink task's mailbox: the
     checkpoint barrier takes turns with the records).
@@ -93,10 +94,13 @@ def count_at_rate(state: Any, keys: list[Any], rng: Any, rate: float, stop: Any,
     ``datagen`` source emits: each second's ``rate`` updates as fast as they go, then a sleep
     until the next whole second after ``burst_from`` (its ``DataGeneratorSource.run``: a
     loop of ``rowsPerSecond`` collects, then ``Thread.sleep`` until ``nextReadTime += 1000``).
+    Each burst's wall-clock ``(start, end)`` is appended to ``bursts`` if given (the latest
+    10,000: :mod:`experiments.burst_phase`).
     """
     if burst_from is not None:
         per_second, tick = int(rate), burst_from
         while not stop.is_set():
+            began = time.time()
             for start in range(0, per_second, batch):
                 with mailbox:
                     for _ in range(min(batch, per_second - start)):
@@ -106,6 +110,9 @@ def count_at_rate(state: Any, keys: list[Any], rng: Any, rate: float, stop: Any,
                 # between records): give up the interpreter, so a waiting barrier gets the
                 # mailbox instead of this loop taking it straight back
                 time.sleep(0)
+            if bursts is not None:
+                bursts.append((began, time.time()))
+                del bursts[:-10_000]
             tick += 1.0
             stop.wait(max(0.0, tick - time.time()))
         return

@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .burst_phase import burst_phase
 from .common import count_at_rate, machine, parser, plt, summary, write_results
 from .paired_rounds import median_item
 
@@ -108,6 +109,7 @@ class Counter:
                      if kgr.start <= assign_key_group(k, 128) <= kgr.end]
         self.rate, self.rng, self.stop = rate, random.Random(index), threading.Event()
         self.burst_from = burst_from
+        self.bursts: list[tuple[float, float]] = []  # each burst's (start, end), wall clock
         # the backend is used from one thread at a time, like a Flink task's mailbox: the
         # generator and the checkpoint barrier take turns
         self.mailbox = threading.Lock()
@@ -115,7 +117,8 @@ class Counter:
 
     def _run(self) -> None:
         count_at_rate(self.b.value_state("count"), self.keys, self.rng, self.rate, self.stop,
-                      self.mailbox, batch=100, burst_from=self.burst_from)
+                      self.mailbox, batch=100, burst_from=self.burst_from,
+                      bursts=self.bursts)
 
     def barrier(self, checkpoint_id: int) -> tuple[Any, float, float, float]:
         """The checkpoint barrier: take the snapshot between two generator chunks; returns
@@ -176,6 +179,10 @@ class TaskManager:
         while len(self._times) > 10_000:
             self._times.pop(next(iter(self._times)))
         return [b[0] for b in barriers]
+
+    def bursts(self) -> list[tuple[float, float]]:
+        """Every hosted subtask's bursts so far, ``(start, end)`` in wall-clock time."""
+        return [b for t in self.tasks for b in list(t.bursts)]
 
     def times(self) -> dict[int, dict[str, float]]:
         """The stage times of the hub's checkpoints so far, by checkpoint id."""
@@ -278,6 +285,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 for n, nid in enumerate(node_ids)]
 
         cid = [0]
+        trigger_walls: list[float] = []  # when each checkpoint of the loop was triggered
         stages: dict[str, list[float]] = {}
         # checkpoints whose snapshots name a changelog file no earlier one named: the ones
         # with changes to persist (with bursts, about one in five)
@@ -303,6 +311,7 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             """One checkpoint; (ms until the last subtask's snapshot arrived: Flink's
             end-to-end duration, ms until its ``_metadata`` is durable)."""
             t0, w0 = time.perf_counter(), time.time()
+            trigger_walls.append(w0)
             cid[0] += 1
             if hub is not None:
                 cc = hub.checkpoint(cid[0], names, timeout_s=120)
@@ -348,6 +357,8 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             before, st0 = files.names(), tree.status()
             stages.clear()
             changed["checkpoints"] = 0
+            trigger_walls.clear()
+            loop_from = time.time()
             durations: list[float] = []  # until the _metadata is durable
             acks: list[float] = []  # until the last snapshot arrived (Flink's definition)
             t_end = time.time() + seconds
@@ -361,6 +372,10 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
             if hub is not None:
                 hub_stages(actors)
             with_changes = changed["checkpoints"]
+            # which draw of the trigger/burst phase this run got (experiments/burst_phase.py)
+            phase = burst_phase(trigger_walls, [
+                w for part in ray.get([a.bursts.remote() for a in actors]) for w in part
+                if loop_from <= w[0] and w[1] <= time.time()]) if bursts else None
             profile = {k: list(v) for k, v in stages.items()}
             if traced:  # a run of its own: tracing costs time on the path it measures
                 return {"nodes": nodes, "checkpoints_completed": len(durations),
@@ -431,7 +446,9 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 # one file write (temp file, fsync, rename)
                 "node_mean_ms": {k: mean_metric(st0, st1, k)
                                  for k in ("batch_wait_ms", "dfs_latency_ms")},
-                "recovery_s": recovery_s}
+                "recovery_s": recovery_s,
+                # bursts: each second's burst (ms) and the triggers that fell inside one
+                **({"burst_phase": phase} if phase is not None else {})}
     finally:
         if hub is not None:
             hub.close()
@@ -509,6 +526,8 @@ def median_row(n: int, rounds: list[dict[str, Any]], trace: dict[str, Any]
         d, f = median_item(got, lambda df: over(e2e(df[0]), e2e(df[1])) or 0.0)
         return d, f, [{"e2e_ms_p50": e2e(x)["p50"], "ack_ms_p50": x["ack_ms"]["p50"],
                        "checkpoints_with_changes": x["checkpoints_with_changes"],
+                       "triggers_inside_bursts":
+                           (x.get("burst_phase") or {}).get("triggers_inside"),
                        "flink_e2e_ms_p50": (e2e(y) or {}).get("p50"),
                        "e2e_over_flink": over(e2e(x), e2e(y))} for x, y in got]
 
