@@ -434,3 +434,38 @@ def test_the_hubs_operators_are_required_and_a_name_is_one_operator(tmp_path):
             with pytest.raises(d.CheckpointDeclinedError, match="operators \\['x'\\]"):
                 hub.checkpoint(2, ["tm-0"], operators=["op", "x"])
     coord.shutdown()
+
+
+def test_the_triggers_go_out_before_the_location_is_begun(job, monkeypatch):
+    """The lease first, then every trigger, then ``chk-n``: the location's thread, woken
+    before them, spread the triggers of four participants on 2 cores (1.0 against 0.4 ms
+    p50 from the first to the last); the location is still made, and the checkpoint
+    completes into it."""
+    from dstl_ray.checkpoint import hub as hub_module
+
+    coord, hub, bs = job
+    events: list[tuple[str, bool]] = []
+    send, begin = hub_module._Connection.send, coord.begin_checkpoint
+
+    def spy_send(self, message):
+        if "id" in message:
+            events.append(("trigger", coord.lease.incarnation is not None))
+        send(self, message)
+
+    def spy_begin(n):
+        events.append(("begin", True))
+        begin(n)
+
+    monkeypatch.setattr(hub_module._Connection, "send", spy_send)
+    monkeypatch.setattr(coord, "begin_checkpoint", spy_begin)
+    names = [f"tm-{i}" for i in range(4)]
+    parts = [join(hub, name, [b]) for name, b in zip(names, bs, strict=True)]
+    try:
+        hub.wait_for(names, timeout_s=10)
+        cc = hub.checkpoint(1, names)
+    finally:
+        for p in parts:
+            p.close()
+    assert [e for e, _ in events] == ["trigger"] * 4 + ["begin"]
+    assert all(leased for _, leased in events)  # the job's lease before any trigger
+    assert cc.metadata_url.endswith("/chk-1/_metadata")
