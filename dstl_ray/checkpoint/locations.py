@@ -4,7 +4,8 @@ Flink's coordinator initializes a checkpoint's storage location when it triggers
 checkpoint, before the barriers go out (``CheckpointStorageCoordinatorView
 .initializeLocationForCheckpoint``), and discards it when the checkpoint fails. Here the
 location is made on a thread of its own while the snapshots are taken
-(:meth:`CheckpointLocations.begin`), so the commit that follows only writes ``_metadata``:
+(:meth:`CheckpointLocations.begin`; a checkpoint hub begins it just after its triggers are
+sent), so the commit that follows only writes ``_metadata``:
 the directory and its durable name in the job directory are off the checkpoint's critical
 path (on ``file://`` a new directory is a ``mkdir`` and an fsync of its parent).
 
