@@ -286,12 +286,10 @@ class CheckpointCoordinator:
         return cc
 
     def begin_checkpoint(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` of :meth:`complete_checkpoint` is about to be taken:
-        its location (``chk-n``) is made now, in the background, while the snapshots are
-        taken, as Flink's trigger initializes it with the barriers (optional: the commit
-        makes what is missing; :mod:`~dstl_ray.checkpoint.locations`). A
-        :class:`~dstl_ray.checkpoint.hub.CheckpointHub` calls it just after its triggers
-        are sent, so that the location's thread does not wake in the middle of them."""
+        """Checkpoint ``checkpoint_id`` of :meth:`complete_checkpoint` is being taken: its
+        location (``chk-n``) is made now, in the background, while the snapshots are taken
+        (Flink's trigger makes it with its barriers; a hub, just after its triggers). Optional:
+        the commit makes what is missing (:mod:`~dstl_ray.checkpoint.locations`)."""
         self.incarnation  # noqa: B018 - the job's lease, before anything is written
         self.locations.begin(checkpoint_id, metadata_url(self.job_path, checkpoint_id))
 
