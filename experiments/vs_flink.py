@@ -368,19 +368,20 @@ def dstl_side(nodes: int, seconds: float, interval: float, work: Path,
                 acks.append(ack)
                 durations.append(done)
                 time.sleep(max(0.0, interval - (time.time() - t0)))
+            loop_to = time.time()
             steady, st1 = files.names() - before, tree.status()
             if hub is not None:
                 hub_stages(actors)
             with_changes = changed["checkpoints"]
-            # which draw of the trigger/burst phase this run got (experiments/burst_phase.py)
-            phase = burst_phase(trigger_walls, [
-                w for part in ray.get([a.bursts.remote() for a in actors]) for w in part
-                if loop_from <= w[0] and w[1] <= time.time()]) if bursts else None
             profile = {k: list(v) for k, v in stages.items()}
             if traced:  # a run of its own: tracing costs time on the path it measures
                 return {"nodes": nodes, "checkpoints_completed": len(durations),
                         "ack_ms": summary(acks), "e2e_ms": summary(durations),
                         **trace_stages(actors, tree)}
+            # which draw of the trigger/burst phase this run got (experiments/burst_phase.py)
+            phase = burst_phase(trigger_walls, [
+                w for part in ray.get([a.bursts.remote() for a in actors]) for w in part
+                if loop_from <= w[0] and w[1] <= loop_to]) if bursts else None
             latest = coord.latest_checkpoint().metadata_url
             for a in actors:  # kill the job
                 ray.kill(a)
