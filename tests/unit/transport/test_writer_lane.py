@@ -258,3 +258,64 @@ def test_closing_fails_what_is_still_waited_for_and_releases_its_late_answer(wri
     server.hold.set()
     closing.join(10)
     _wait(lambda: t.late_released == 1 or server.released, "the late answer was not released")
+
+
+def test_a_mark_is_sent_by_the_sender_after_the_changes_queued_before_it(writer):
+    """A checkpoint barrier with nothing to send only queues its mark: the caller never
+    writes to the node's socket (before, each mark was sent from the barrier's thread,
+    0.35 ms a writer before the barrier could answer), and the changes queued first go
+    first, since a node's batch waits for them."""
+    t, server = writer.t, writer.server
+    calls: list[tuple[str, str]] = []
+    call = t._channel.call
+
+    def recording(method: str, *args: Any, **kw: Any) -> concurrent.futures.Future:
+        calls.append((method, threading.current_thread().name))
+        return call(method, *args, **kw)
+
+    t._channel.call = recording
+    with t._cond:  # the sender cannot take anything until both are queued
+        changes = t.send(_req("a"))
+        mark = t.mark("w1", 3)
+        assert calls == []  # the mark went nowhere from this thread
+    changes.result(5)
+    mark.result(5)
+    assert calls == [("persist_many", "dstl-sender"), ("mark", "dstl-sender")]
+    assert server.seen == ["a", "mark-3"]
+
+
+def test_a_mark_that_cannot_be_sent_fails_and_an_awaited_one_leaves_no_deadline(writer):
+    """The channel refuses a mark (its node gone): the mark fails with what happened, and
+    an awaited one is no longer held to the persist deadline."""
+    t = writer.t
+
+    def refusing(method: str, *args: Any, **kw: Any) -> concurrent.futures.Future:
+        raise LaneClosedError("the node is gone")
+
+    t._channel.call = refusing
+    for named in (None, 3):
+        with pytest.raises(PersistError, match="not sent: the node is gone"):
+            t.mark("w1", 3, named=named).result(5)
+    assert t._marks.nearest() is None
+
+
+def test_closing_fails_the_marks_still_queued(writer):
+    """Marks queued when the transport closes never go: each fails, awaited or not."""
+    t = writer.t
+    busy = threading.Event()
+
+    def held(method: str, *args: Any, **kw: Any) -> concurrent.futures.Future:
+        busy.set()  # the sender is here until the transport is closed
+        _wait(lambda: t._closed, "the transport was not closed")
+        return concurrent.futures.Future()
+
+    t._channel.call = held
+    t.send(_req("a"))
+    assert busy.wait(5)
+    marks = [t.mark("w1", 3), t.mark("w2", 3, named=3)]  # queued behind the busy sender
+    t.close()
+    for m in marks:
+        with pytest.raises(PersistError, match="closed"):
+            m.result(5)
+    with pytest.raises(PersistError, match="closed"):
+        t.mark("w3", 4).result(5)
