@@ -70,8 +70,9 @@ class WriterRecord:
     created: float  # wall clock of the node that made the record
 
     def report(self, named: int) -> None:
-        """The writer's ``named`` only grows, but its messages may arrive out of order (a
-        queued request after a mark): keep the largest; unknown stays unknown."""
+        """The writer's ``named`` only grows, but its messages may arrive out of order (its
+        process's sender sends a round's requests before the round's marks): keep the
+        largest; unknown stays unknown."""
         if self.named is None or named == UNKNOWN_USE:
             self.named = named
         elif self.named != UNKNOWN_USE:

@@ -62,6 +62,7 @@ class _QueuedMark:
     what: str
     number: int
 
+
 CLOSE_JOIN_S = 5.0  # how long close waits for the sender thread to end
 
 
@@ -177,6 +178,13 @@ class RayNodeTransport:
         self._lookup.register(log_id)
 
     def unregister(self, log_id: str) -> None:
+        """The node forgets ``log_id``; its marks still queued never go (one arriving after
+        would make the node hold a record of a writer that is gone)."""
+        with self._cond:
+            gone = [m for m in self._queued_marks if m.log_id == log_id]
+            self._queued_marks = [m for m in self._queued_marks if m.log_id != log_id]
+        for m in gone:
+            self._submit(self._mark_taken, m, PersistError(f"log {log_id} was closed"), False)
         self._lookup.unregister(log_id)
 
     def close(self) -> None:
@@ -275,7 +283,7 @@ class RayNodeTransport:
                     f"node actor {self.node_name} did not answer {len(b)} persist "
                     f"request(s) within persist_timeout_s={timeout_s:g}s; the changes are "
                     f"kept and go again with the next request"))
-            if batch:  # the changes first: a node's batch waits for them, marks come next
+            if batch:  # the changes first: a node's batch waits for them; then the marks
                 self._send_batch(batch, call, deadline)
             for m in to_mark:
                 self._send_mark(m)
@@ -348,7 +356,9 @@ class RayNodeTransport:
 
         Queued for the sender thread, as persist requests are: a checkpoint barrier with
         nothing to send (most barriers, between bursts) returns without writing to the
-        node's socket, and its answer leaves before the marks (0.35 ms each, quiet)."""
+        node's socket (0.35 ms a mark, quiet), so it answers its checkpoint sooner. The
+        sender sends what it took in one round: the persist requests first, then the
+        marks."""
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         what = f"the mark of log {log_id} for checkpoint {checkpoint_id}"
         deadline = time.monotonic() + self.config.effective_persist_timeout_s
@@ -366,21 +376,24 @@ class RayNodeTransport:
         return done
 
     def _send_mark(self, m: _QueuedMark) -> None:
-        """(on the sender) One queued mark to the node: the same channel and deadline as the
-        writer's persist calls, so behind a stopped node it is dropped unsent once a persist
-        call would have failed."""
+        """(on the sender) One queued mark to the node, by the same channel as the writer's
+        persist calls (over the lane, with their deadline: behind a stopped node it is
+        dropped unsent once a persist call would have failed). Its outcome is handed to the
+        delivery thread: failing its future runs writers' callbacks."""
         try:
+            if self._closed:  # (taken by this thread just before close)
+                raise PersistError(f"the transport to node actor {self.node_name} is closed")
             answer = self._channel.call("mark", self.job_id, m.log_id, m.checkpoint_id,
                                         self._caller, m.named, deadline=m.deadline)
         except Exception as e:  # noqa: BLE001 - the node is gone
             log.debug("mark of %s failed: %s", m.log_id, e)
-            self._mark_taken(m, e, sent=False)
+            self._submit(self._mark_taken, m, e, False)
             return
         # off Ray's event thread: what the future triggers may call Ray
         answer.add_done_callback(lambda f: self._submit(self._mark_taken, m, f.exception()))
 
     def _mark_taken(self, m: _QueuedMark, e: BaseException | None, sent: bool = True) -> None:
-        """(on the delivery thread, or the sender if it was not sent) ``m``'s outcome."""
+        """(on the delivery thread) ``m``'s outcome; ``sent``: whether it went out."""
         if m.number >= 0:
             with self._cond:
                 if self._marks.pop(m.number) is None:

@@ -293,10 +293,42 @@ def test_a_mark_that_cannot_be_sent_fails_and_an_awaited_one_leaves_no_deadline(
         raise LaneClosedError("the node is gone")
 
     t._channel.call = refusing
+    threads: list[str] = []
     for named in (None, 3):
+        mark = t.mark("w1", 3, named=named)
+        mark.add_done_callback(lambda f: threads.append(threading.current_thread().name))
         with pytest.raises(PersistError, match="not sent: the node is gone"):
-            t.mark("w1", 3, named=named).result(5)
+            mark.result(5)
     assert t._marks.nearest() is None
+    # failing a future runs writers' callbacks: never on the sender, which they may wait on
+    _wait(lambda: len(threads) == 2, "a callback did not run")
+    assert all(name.startswith("dstl-deliver") for name in threads), threads
+
+
+def test_a_writer_that_unregisters_drops_its_marks_still_queued(writer):
+    """A mark that reached the node after its writer unregistered would leave the node a
+    record of a writer that is gone: the queued marks of an unregistered log never go."""
+    t, server = writer.t, writer.server
+    busy, go = threading.Event(), threading.Event()
+    call = t._channel.call
+
+    def held(method: str, *args: Any, **kw: Any) -> concurrent.futures.Future:
+        if method == "persist_many":
+            busy.set()
+            assert go.wait(5)
+        return call(method, *args, **kw)
+
+    t._channel.call = held
+    changes = t.send(_req("a"))
+    assert busy.wait(5)
+    gone, kept = t.mark("w1", 3, named=3), t.mark("w2", 3)
+    t.unregister("w1")
+    go.set()
+    with pytest.raises(PersistError, match="log w1 was closed"):
+        gone.result(5)
+    kept.result(5)
+    changes.result(5)
+    assert server.seen == ["a", "mark-3"]  # w2's only
 
 
 def test_closing_fails_the_marks_still_queued(writer):
