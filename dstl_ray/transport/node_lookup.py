@@ -161,6 +161,11 @@ class NodeLookup:
         with self._lock:
             self._logs.add(log_id)
 
+    def registered(self, log_id: str) -> bool:
+        """Whether ``log_id`` is registered (not unregistered since)."""
+        with self._lock:
+            return log_id in self._logs
+
     def unregister(self, log_id: str) -> None:
         """Forget ``log_id`` here and tell the node (best effort: the writer is closing)."""
         with self._lock:

@@ -178,8 +178,9 @@ class RayNodeTransport:
         self._lookup.register(log_id)
 
     def unregister(self, log_id: str) -> None:
-        """The node forgets ``log_id``; its marks still queued never go (one arriving after
-        would make the node hold a record of a writer that is gone)."""
+        """The node forgets ``log_id``; its marks not sent yet never go (one arriving after
+        would make the node hold a record of a writer that is gone): each fails, so a
+        snapshot whose writer closes before its mark went out fails too."""
         with self._cond:
             gone = [m for m in self._queued_marks if m.log_id == log_id]
             self._queued_marks = [m for m in self._queued_marks if m.log_id != log_id]
@@ -301,7 +302,7 @@ class RayNodeTransport:
         except Exception as e:  # noqa: BLE001 - every request of the batch learns it
             with self._cond:
                 self._inflight.pop(call)
-            self._fail(batch, e)
+            self._submit(self._fail, batch, e)  # (writers' callbacks: not on the sender)
 
     def _answered(self, call: int, batch: _Batch, f: concurrent.futures.Future) -> None:
         """On Ray's event thread: the answer is in time if its call is still in flight now
@@ -383,6 +384,8 @@ class RayNodeTransport:
         try:
             if self._closed:  # (taken by this thread just before close)
                 raise PersistError(f"the transport to node actor {self.node_name} is closed")
+            if not self._lookup.registered(m.log_id):  # (taken just before its unregister)
+                raise PersistError(f"log {m.log_id} was closed")
             answer = self._channel.call("mark", self.job_id, m.log_id, m.checkpoint_id,
                                         self._caller, m.named, deadline=m.deadline)
         except Exception as e:  # noqa: BLE001 - the node is gone

@@ -205,6 +205,7 @@ def test_a_mark_behind_a_stopped_node_is_dropped_unsent_by_the_persist_deadline(
     a mark is queued behind it. Before the fix marks had no deadline: it went whenever the
     node read again."""
     t, server = writer.t, writer.server
+    t.register("w1")
     server.stall(4.0)
     time.sleep(0.1)
     big = t.send(_req("big", BIG))
@@ -236,6 +237,7 @@ def test_a_closed_transport_leaves_no_thread_behind(writer, monkeypatch):
     t = transport_mod.RayNodeTransport("J", "ns", node_name="dstl-node-a")
     assert t.lane is not None
     assert t.send(_req("a")).result(5) == _seg("a")
+    t.register("w1")
     t.mark("w1", 3, named=3).result(5)
     started = _transport_threads() - before
     assert {th.name for th in started} >= {"dstl-writer-lane-watch", "dstl-sender"}
@@ -274,6 +276,7 @@ def test_a_mark_is_sent_by_the_sender_after_the_changes_queued_before_it(writer)
         return call(method, *args, **kw)
 
     t._channel.call = recording
+    t.register("w1")
     with t._cond:  # the sender cannot take anything until both are queued
         changes = t.send(_req("a"))
         mark = t.mark("w1", 3)
@@ -293,10 +296,12 @@ def test_a_mark_that_cannot_be_sent_fails_and_an_awaited_one_leaves_no_deadline(
         raise LaneClosedError("the node is gone")
 
     t._channel.call = refusing
+    t.register("w1")
     threads: list[str] = []
     for named in (None, 3):
-        mark = t.mark("w1", 3, named=named)
-        mark.add_done_callback(lambda f: threads.append(threading.current_thread().name))
+        with t._cond:  # (the callback in before the sender can fail the mark)
+            mark = t.mark("w1", 3, named=named)
+            mark.add_done_callback(lambda f: threads.append(threading.current_thread().name))
         with pytest.raises(PersistError, match="not sent: the node is gone"):
             mark.result(5)
     assert t._marks.nearest() is None
@@ -305,30 +310,41 @@ def test_a_mark_that_cannot_be_sent_fails_and_an_awaited_one_leaves_no_deadline(
     assert all(name.startswith("dstl-deliver") for name in threads), threads
 
 
-def test_a_writer_that_unregisters_drops_its_marks_still_queued(writer):
+def test_a_writer_that_unregisters_drops_its_marks_not_sent_yet(writer):
     """A mark that reached the node after its writer unregistered would leave the node a
-    record of a writer that is gone: the queued marks of an unregistered log never go."""
+    record of a writer that is gone: an unregistered log's marks never go, whether still
+    queued or taken by the sender in its round just before the unregister."""
     t, server = writer.t, writer.server
-    busy, go = threading.Event(), threading.Event()
+    entered, permits = threading.Semaphore(0), threading.Semaphore(0)
     call = t._channel.call
 
     def held(method: str, *args: Any, **kw: Any) -> concurrent.futures.Future:
-        if method == "persist_many":
-            busy.set()
-            assert go.wait(5)
+        if method == "persist_many":  # each round's batch waits for a permit
+            entered.release()
+            assert permits.acquire(timeout=5)
         return call(method, *args, **kw)
 
     t._channel.call = held
-    changes = t.send(_req("a"))
-    assert busy.wait(5)
-    gone, kept = t.mark("w1", 3, named=3), t.mark("w2", 3)
+    for log_id in ("w1", "w2", "w3"):
+        t.register(log_id)
+    first = t.send(_req("a"))
+    assert entered.acquire(timeout=5)
+    gone, kept = t.mark("w1", 3, named=3), t.mark("w2", 3)  # queued
     t.unregister("w1")
-    go.set()
-    with pytest.raises(PersistError, match="log w1 was closed"):
-        gone.result(5)
+    with t._cond:  # in the sender's next round, with w2's mark
+        second = t.send(_req("b"))
+        late = t.mark("w3", 4)
+    permits.release()
+    assert entered.acquire(timeout=5)  # the sender holds its round: "b" and two marks
+    t.unregister("w3")
+    permits.release()
+    for m, log_id in ((gone, "w1"), (late, "w3")):
+        with pytest.raises(PersistError, match=f"log {log_id} was closed"):
+            m.result(5)
     kept.result(5)
-    changes.result(5)
-    assert server.seen == ["a", "mark-3"]  # w2's only
+    first.result(5)
+    second.result(5)
+    assert server.seen == ["a", "b", "mark-3"]  # w2's mark only
 
 
 def test_closing_fails_the_marks_still_queued(writer):
