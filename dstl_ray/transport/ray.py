@@ -179,13 +179,8 @@ class RayNodeTransport:
 
     def unregister(self, log_id: str) -> None:
         """The node forgets ``log_id``; its marks not sent yet never go (one arriving after
-        would make the node hold a record of a writer that is gone): each fails, so a
-        snapshot whose writer closes before its mark went out fails too."""
-        with self._cond:
-            gone = [m for m in self._queued_marks if m.log_id == log_id]
-            self._queued_marks = [m for m in self._queued_marks if m.log_id != log_id]
-        for m in gone:
-            self._submit(self._mark_taken, m, PersistError(f"log {log_id} was closed"), False)
+        would make the node hold a record of a writer that is gone: :meth:`_send_mark`
+        fails them), so a snapshot whose writer closes before its mark went out fails too."""
         self._lookup.unregister(log_id)
 
     def close(self) -> None:
@@ -203,7 +198,8 @@ class RayNodeTransport:
         why = PersistError(f"the transport to node actor {self.node_name} is closed")
         for b in expired:
             self._submit(self._fail, b, why)
-        for fut in [fut for fut, _ in marks] + [m.done for m in unsent]:
+        # (an awaited mark is in ``marks`` too: each future once)
+        for fut in [fut for fut, _ in marks] + [m.done for m in unsent if m.number < 0]:
             self._submit(_fail_future, fut, why)
         self._channel.close()
         if sender is not None and sender is not threading.current_thread():
@@ -384,7 +380,7 @@ class RayNodeTransport:
         try:
             if self._closed:  # (taken by this thread just before close)
                 raise PersistError(f"the transport to node actor {self.node_name} is closed")
-            if not self._lookup.registered(m.log_id):  # (taken just before its unregister)
+            if not self._lookup.registered(m.log_id):  # its writer closed since it queued
                 raise PersistError(f"log {m.log_id} was closed")
             answer = self._channel.call("mark", self.job_id, m.log_id, m.checkpoint_id,
                                         self._caller, m.named, deadline=m.deadline)
